@@ -1,0 +1,66 @@
+// Trains the MNIST CNN and prints its test accuracy.
+//   build/bin/mnist --data-dir data/mnist --accelerator xla --devices auto --strategy xla --max-epochs 1
+
+#include "mnist_module.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train a small CNN on MNIST with fulgur"};
+  std::string accelerator = "auto", devices = "1", strategy = "auto", precision = "32-true";
+  std::string root = "runs/mnist", ckpt_path, data_dir = "data/mnist", start_method = "fork";
+  int64_t max_epochs = 1, max_steps = -1, batch_size = 64, train_limit = 0, num_nodes = 1;
+  double limit_train = 1.0, lr = 1e-3;
+  uint64_t seed = 42;
+  bool no_test = false;
+  app.add_option("--accelerator", accelerator, "cpu, xla or auto");
+  app.add_option("--devices", devices, "auto, a count, or indices like 0,1");
+  app.add_option("--strategy", strategy, "auto, single_device, ddp, xla, xla_debug");
+  app.add_option("--precision", precision, "32-true or bf16-true");
+  app.add_option("--num-nodes", num_nodes, "machines in the job");
+  app.add_option("--max-epochs", max_epochs);
+  app.add_option("--max-steps", max_steps);
+  app.add_option("--limit-train-batches", limit_train, "fraction (<=1.0) or count (>1) of batches per epoch");
+  app.add_option("--train-samples", train_limit, "use only the first N training images (0: all 55,000)");
+  app.add_option("--batch-size", batch_size, "per device");
+  app.add_option("--lr", lr);
+  app.add_option("--seed", seed);
+  app.add_option("--default-root-dir", root);
+  app.add_option("--ckpt-path", ckpt_path, "resume from: a file, last or best");
+  app.add_option("--data-dir", data_dir);
+  app.add_option("--start-method", start_method, "fork or spawn");
+  app.add_flag("--no-test", no_test, "skip the test run after fit");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    fulgur::seed_everything(seed);
+    auto model = std::make_shared<mnist::CNN>(lr);
+    mnist::DataModule data(data_dir, batch_size, seed, train_limit);
+    fulgur::TrainerOptions opts;
+    opts.accelerator(accelerator).devices(devices).strategy(strategy).precision(precision).num_nodes(num_nodes);
+    opts.max_epochs(max_epochs).max_steps(max_steps).default_root_dir(root).seed(seed).start_method(start_method);
+    opts.log_every_n_steps(20);
+    if (limit_train > 1.0) {
+      opts.limit_train_batches(static_cast<int64_t>(limit_train));
+    } else {
+      opts.limit_train_batches(limit_train);
+    }
+    fulgur::Trainer trainer(opts);
+    trainer.fit(*model, data, ckpt_path);
+    if (!no_test) {
+      auto metrics = trainer.test(*model, data);
+      std::printf("test accuracy: %.4f (loss %.4f)\n", metrics["test_acc"], metrics["test_loss"]);
+    }
+    if (auto* ckpt = trainer.checkpoint_callback()) std::printf("checkpoint: %s\n", ckpt->best_model_path().c_str());
+  } catch (const fulgur::WorkerFailure& e) {
+    std::fprintf(stderr, "mnist: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mnist: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,44 @@
+#pragma once
+// ProgressBar: one line of progress. On a terminal it redraws that line in
+// place; elsewhere (CI logs, files) it prints a plain line now and then.
+// Only global rank 0 prints.
+
+#include <fulgur/callbacks/callback.h>
+
+#include <chrono>
+#include <iosfwd>
+#include <optional>
+
+namespace fulgur {
+
+struct ProgressBarOptions {
+  // Where to print; default std::cout.
+  std::ostream* stream = nullptr;
+  // Redraw in place; default: whether stdout is a terminal.
+  std::optional<bool> terminal;
+  // Off a terminal: print every this many batches (default: about 10 lines an epoch).
+  int64_t print_every = 0;
+};
+
+class ProgressBar : public Callback {
+ public:
+  explicit ProgressBar(ProgressBarOptions options = {});
+  std::string state_key() const override { return "ProgressBar"; }
+  void on_train_epoch_start(Trainer&, LightningModule&) override;
+  void on_train_batch_end(Trainer&, LightningModule&, const StepOutput&, const Batch&, int64_t) override;
+  void on_train_epoch_end(Trainer&, LightningModule&) override;
+  void on_validation_end(Trainer&, LightningModule&) override;
+  void on_test_end(Trainer&, LightningModule&) override;
+
+  // The text of the line for the given state, as printed (without \r or \n).
+  std::string render(Trainer& trainer, int64_t batch_idx, int64_t total) const;
+
+ private:
+  std::ostream& out() const;
+  ProgressBarOptions options_;
+  bool terminal_;
+  std::chrono::steady_clock::time_point epoch_start_;
+  int64_t batches_seen_ = 0;
+};
+
+}  // namespace fulgur

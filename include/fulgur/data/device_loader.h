@@ -1,0 +1,34 @@
+#pragma once
+// DeviceLoader: a loader whose batches arrive on a device. A background
+// thread takes batches from the wrapped loader and copies them to the device
+// while the current step runs; the consumer marks a step (on xla devices)
+// before each batch is handed out, as torch_xla's MpDeviceLoader does.
+
+#include <fulgur/data/data_loader.h>
+
+#include <c10/core/Device.h>
+
+#include <functional>
+#include <memory>
+
+namespace fulgur {
+
+class DeviceLoader : public BatchSource {
+ public:
+  // `before_batch` runs in the consumer's thread before each batch (the step mark).
+  DeviceLoader(std::shared_ptr<BatchSource> inner, c10::Device device, std::function<void()> before_batch = nullptr,
+               int64_t prefetch = 2);
+  int64_t num_batches() const override { return inner_->num_batches(); }
+  void set_epoch(int64_t epoch) override { inner_->set_epoch(epoch); }
+  std::unique_ptr<BatchStream> open(int64_t skip_batches = 0) override;
+  const std::shared_ptr<BatchSource>& inner() const { return inner_; }
+  c10::Device device() const { return device_; }
+
+ private:
+  std::shared_ptr<BatchSource> inner_;
+  c10::Device device_;
+  std::function<void()> before_batch_;
+  int64_t prefetch_;
+};
+
+}  // namespace fulgur

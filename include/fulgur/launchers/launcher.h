@@ -1,0 +1,73 @@
+#pragma once
+// Launcher: starts the worker processes of a job and supervises them.
+
+#include <ATen/core/ivalue.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+namespace fulgur {
+
+// What a worker runs; rank 0's return value travels back to the caller.
+using WorkerFn = std::function<c10::IValue()>;
+
+class Launcher {
+ public:
+  virtual ~Launcher() = default;
+  // Runs `fn` on every rank of the job and returns global rank 0's result in
+  // the calling process. In a worker this process already belongs to, runs
+  // `fn` here. Throws WorkerFailure when a worker fails.
+  virtual c10::IValue launch(const WorkerFn& fn) = 0;
+  // True when launch() creates new processes (fit twice is then refused).
+  virtual bool creates_processes() const = 0;
+};
+
+// A worker of the job failed; what() is the parent's report.
+class WorkerFailure : public std::runtime_error {
+ public:
+  WorkerFailure(const std::string& report, int rank, int exit_code)
+      : std::runtime_error(report), rank_(rank), exit_code_(exit_code) {}
+  // The rank that failed first.
+  int rank() const { return rank_; }
+  // The exit code the launching program should end with (143 after SIGTERM).
+  int exit_code() const { return exit_code_; }
+
+ private:
+  int rank_;
+  int exit_code_;
+};
+
+struct MultiProcessLauncherOptions {
+  // Workers on this node.
+  int64_t num_processes = 1;
+  int64_t num_nodes = 1;
+  int64_t node_rank = 0;
+  // "fork": the workers are copies of this process made at launch (the
+  // default, as Lightning's XLA launcher). "spawn": the program is started
+  // again with the worker's environment, and earlier launches are replayed
+  // from their saved results.
+  std::string start_method = "fork";
+  // After the first failure: how long the others get between SIGTERM and SIGKILL.
+  std::chrono::milliseconds grace_period{5000};
+  // Rendezvous for several nodes (MASTER_ADDR, MASTER_PORT).
+  std::string main_address = "127.0.0.1";
+  int main_port = 0;
+};
+
+class MultiProcessLauncher : public Launcher {
+ public:
+  // Throws std::invalid_argument for an unknown start method or num_processes < 1.
+  explicit MultiProcessLauncher(MultiProcessLauncherOptions options);
+  c10::IValue launch(const WorkerFn& fn) override;
+  bool creates_processes() const override { return true; }
+  const MultiProcessLauncherOptions& options() const { return options_; }
+
+ private:
+  MultiProcessLauncherOptions options_;
+};
+
+// True inside a worker process started by MultiProcessLauncher.
+bool is_fulgur_worker();
+
+}  // namespace fulgur

@@ -1,0 +1,154 @@
+#pragma once
+// LightningModule: a torch::nn::Module that also says how it trains.
+//
+// Example:
+//   struct Net : fulgur::LightningModule {
+//     Net() { fc = register_module("fc", torch::nn::Linear(784, 10)); }
+//     fulgur::StepOutput training_step(const fulgur::Batch& b, int64_t) override {
+//       auto loss = torch::nll_loss(torch::log_softmax(fc(b.data.flatten(1)), 1), b.target);
+//       log("train_loss", loss, fulgur::LogOptions().with_prog_bar(true));
+//       return loss;
+//     }
+//     fulgur::OptimizerConfig configure_optimizers() override {
+//       return std::make_shared<torch::optim::SGD>(parameters(), 0.1);
+//     }
+//     torch::nn::Linear fc{nullptr};
+//   };
+
+#include <fulgur/types.h>
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace fulgur {
+
+class Trainer;
+
+// A checkpoint: Lightning's dict layout (see docs/CHECKPOINTS.md).
+using Checkpoint = c10::Dict<std::string, c10::IValue>;
+
+// An empty dict of string keys and any values (c10::Dict<std::string,
+// c10::IValue> has no default constructor).
+inline c10::Dict<std::string, c10::IValue> make_dict() {
+  return c10::impl::toTypedDict<std::string, c10::IValue>(
+      c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+}
+
+struct SchedulerConfig {
+  std::shared_ptr<torch::optim::LRScheduler> scheduler;
+  // When the scheduler steps: after every `frequency` optimizer steps ("step")
+  // or after every `frequency` epochs ("epoch").
+  std::string interval = "epoch";
+  int64_t frequency = 1;
+  // Which optimizer of OptimizerConfig::optimizers the scheduler drives.
+  int64_t optimizer_index = 0;
+  // Name used by LearningRateMonitor; default "lr-<Optimizer>".
+  std::string name;
+};
+
+// What configure_optimizers returns: one or several optimizers and their
+// schedulers.
+struct OptimizerConfig {
+  OptimizerConfig() = default;
+  template <typename O, typename = std::enable_if_t<std::is_base_of_v<torch::optim::Optimizer, O>>>
+  OptimizerConfig(std::shared_ptr<O> optimizer)  // NOLINT: returning an optimizer is enough, as in Lightning
+      : optimizers{std::move(optimizer)} {}
+  OptimizerConfig(std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers,
+                  std::vector<SchedulerConfig> schedulers = {});
+
+  std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers;
+  std::vector<SchedulerConfig> schedulers;
+};
+
+// An optimizer as a module sees it under manual optimization: step() goes
+// through the strategy (gradient sync, precision, step mark on xla devices).
+class LightningOptimizer {
+ public:
+  LightningOptimizer(Trainer* trainer, std::shared_ptr<torch::optim::Optimizer> optimizer)
+      : trainer_(trainer), optimizer_(std::move(optimizer)) {}
+  void zero_grad() { optimizer_->zero_grad(); }
+  // Runs `closure` (if given), syncs gradients across ranks, steps.
+  void step(const std::function<void()>& closure = nullptr);
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+
+ private:
+  Trainer* trainer_;
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+class LightningModule : public torch::nn::Module {
+ public:
+  explicit LightningModule(std::string name = "LightningModule");
+  ~LightningModule() override;
+
+  // --- Steps -------------------------------------------------------------
+  // REQUIRES under automatic optimization: returns a loss (or a dict with "loss").
+  virtual StepOutput training_step(const Batch& batch, int64_t batch_idx) = 0;
+  virtual StepOutput validation_step(const Batch& batch, int64_t batch_idx);
+  virtual StepOutput test_step(const Batch& batch, int64_t batch_idx);
+  // Default: throws, naming the module, because there is no generic forward.
+  virtual at::Tensor predict_step(const Batch& batch, int64_t batch_idx);
+  virtual OptimizerConfig configure_optimizers() = 0;
+
+  // --- Hooks (called on every rank) ----------------------------------------
+  virtual void on_fit_start() {}
+  virtual void on_fit_end() {}
+  virtual void on_train_epoch_start() {}
+  virtual void on_train_epoch_end() {}
+  virtual void on_train_batch_start(const Batch& /*batch*/, int64_t /*batch_idx*/) {}
+  virtual void on_train_batch_end(const StepOutput& /*out*/, const Batch& /*batch*/,
+                                  int64_t /*batch_idx*/) {}
+  virtual void on_validation_epoch_start() {}
+  virtual void on_validation_epoch_end() {}
+  virtual void on_test_epoch_end() {}
+  // After gradients are synced and before clipping and optimizer.step().
+  virtual void on_before_optimizer_step(torch::optim::Optimizer& /*optimizer*/) {}
+  // Add or read entries of the checkpoint dict.
+  virtual void on_save_checkpoint(Checkpoint& /*checkpoint*/) {}
+  virtual void on_load_checkpoint(const Checkpoint& /*checkpoint*/) {}
+
+  // --- Logging -------------------------------------------------------------
+  // Records a scalar for the progress bar, the logger and callback_metrics.
+  // REQUIRES: called from a step or hook while a Trainer runs; `value` holds
+  // one element.
+  void log(const std::string& name, const at::Tensor& value, LogOptions options = {});
+  void log(const std::string& name, double value, LogOptions options = {});
+
+  // --- Manual optimization -------------------------------------------------
+  // With false, training_step drives the optimizers itself through
+  // optimizers() and manual_backward().
+  void set_automatic_optimization(bool value) { automatic_optimization_ = value; }
+  bool automatic_optimization() const { return automatic_optimization_; }
+  std::vector<LightningOptimizer> optimizers();
+  void manual_backward(const at::Tensor& loss);
+
+  // --- State ---------------------------------------------------------------
+  // Recorded in hparams.yaml and in the checkpoint's "hyper_parameters".
+  void save_hyperparameters(c10::Dict<std::string, c10::IValue> hparams) { hparams_ = std::move(hparams); }
+  const c10::Dict<std::string, c10::IValue>& hparams() const { return hparams_; }
+  // nullptr outside Trainer calls.
+  Trainer* trainer() const { return trainer_; }
+  int64_t current_epoch() const;
+  int64_t global_step() const;
+  // The device the parameters live on.
+  c10::Device device() const;
+
+  // Set by the Trainer for the duration of a run.
+  void attach_trainer(Trainer* trainer) { trainer_ = trainer; }
+
+ private:
+  Trainer* trainer_ = nullptr;
+  bool automatic_optimization_ = true;
+  c10::Dict<std::string, c10::IValue> hparams_ = make_dict();
+};
+
+}  // namespace fulgur

@@ -1,0 +1,56 @@
+#pragma once
+// Precision: the numeric format of training: module conversion, input
+// conversion and the optimizer step.
+
+#include <fulgur/types.h>
+
+#include <c10/core/ScalarType.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace fulgur {
+
+// The pieces of an optimizer step the strategy and trainer fill in.
+struct StepHooks {
+  // After the closure: gradient sync across ranks, on_before_optimizer_step, clipping.
+  std::function<void()> before_step;
+  // After optimizer.step() (the step mark on xla devices).
+  std::function<void()> after_step;
+};
+
+class Precision {
+ public:
+  // "32-true" or "bf16-true".
+  explicit Precision(std::string name = "32-true");
+  virtual ~Precision() = default;
+  const std::string& name() const { return name_; }
+  c10::ScalarType dtype() const;
+  // Converts floating-point parameters and buffers to dtype().
+  virtual void convert_module(torch::nn::Module& module) const;
+  // Converts floating-point inputs to dtype(); integer targets stay.
+  virtual Batch convert_input(const Batch& batch) const;
+  // Runs closure (forward and backward), hooks.before_step, optimizer.step(),
+  // hooks.after_step.
+  virtual void optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
+                              const StepHooks& hooks) const;
+
+ private:
+  std::string name_;
+};
+
+// The XLA precision plugin: the step is followed by a step mark (in
+// hooks.after_step, filled by XLAStrategy).
+class XLAPrecision : public Precision {
+ public:
+  using Precision::Precision;
+};
+
+// Throws std::invalid_argument listing "32-true", "bf16-true" for anything else
+// ("16-true": no half-precision matmul kernels on the CPU in libtorch 1.13).
+std::string validate_precision(const std::string& name);
+
+}  // namespace fulgur

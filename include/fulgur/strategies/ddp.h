@@ -1,0 +1,114 @@
+#pragma once
+// Data parallel over processes: ParallelStrategy (ranks, collectives,
+// launcher), DDPStrategy (gradient sync overlapped with backward) and
+// XLAStrategy (gradients reduced at the optimizer step, step marks).
+
+#include <fulgur/distributed/collectives.h>
+#include <fulgur/plugins/environments/cluster_environment.h>
+#include <fulgur/strategies/strategy.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fulgur {
+namespace detail {
+class GradientSync;
+}
+
+struct ParallelOptions {
+  // Bound on each collective and on the rendezvous.
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // Log each collective and check all ranks call the same one.
+  bool debug = false;
+  // Broadcast every parameter and buffer from rank 0 at setup.
+  bool sync_module_states = true;
+  int64_t num_nodes = 1;
+  // "fork" or "spawn".
+  std::string start_method = "fork";
+  // Between SIGTERM and SIGKILL when a worker fails.
+  std::chrono::milliseconds grace_period{5000};
+};
+
+class ParallelStrategy : public Strategy {
+ public:
+  ParallelStrategy(std::shared_ptr<Accelerator> accelerator, std::vector<int64_t> parallel_devices,
+                   std::shared_ptr<CheckpointIO> checkpoint_io, std::shared_ptr<Precision> precision,
+                   ParallelOptions options);
+  ~ParallelStrategy() override;
+
+  Launcher* launcher() override;
+  int64_t global_rank() const override;
+  int64_t local_rank() const override;
+  int64_t node_rank() const override;
+  int64_t world_size() const override;
+  c10::Device root_device() const override;
+  const std::vector<int64_t>& parallel_devices() const { return parallel_devices_; }
+  const ParallelOptions& parallel_options() const { return options_; }
+  bool launched() const { return launched_; }
+  // The process group (nullptr before launch).
+  const std::shared_ptr<Collectives>& collectives() const { return collectives_; }
+
+  void setup_environment() override;
+  void setup(Trainer& trainer) override;
+  void teardown() override;
+
+  at::Tensor reduce(const at::Tensor& tensor, const std::string& reduce_op = "mean") override;
+  at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads = false) override;
+  c10::IValue broadcast(const c10::IValue& value, int64_t src = 0) override;
+  void barrier(const std::string& name = "") override;
+  // Gives a DataLoader a DistributedSampler for this rank.
+  std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader) override;
+  void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
+                       const StorageOptions& storage_options = {}) override;
+
+ protected:
+  // Every parameter and buffer takes rank 0's value (flattened, one broadcast per dtype).
+  void sync_module_states();
+
+  std::vector<int64_t> parallel_devices_;
+  ParallelOptions options_;
+  std::unique_ptr<Launcher> launcher_;
+  std::shared_ptr<Collectives> collectives_;
+  bool launched_ = false;
+  int64_t rank_ = 0, local_rank_ = 0, node_rank_ = 0, world_size_ = 1;
+};
+
+class DDPStrategy : public ParallelStrategy {
+ public:
+  DDPStrategy(std::shared_ptr<Accelerator> accelerator, std::vector<int64_t> parallel_devices,
+              std::shared_ptr<CheckpointIO> checkpoint_io = nullptr, std::shared_ptr<Precision> precision = nullptr,
+              ParallelOptions options = {});
+  ~DDPStrategy() override;
+  void setup(Trainer& trainer) override;
+  void teardown() override;
+  void sync_gradients() override;
+  void set_gradient_sync(bool enabled) override;
+
+ protected:
+  // The gradient sync component: DDP overlaps bucketed all-reduces with backward.
+  virtual std::unique_ptr<detail::GradientSync> make_gradient_sync();
+  std::unique_ptr<detail::GradientSync> gradient_sync_;
+};
+
+// Lightning's XLAStrategy: one process per xla device. Checkpoint IO and
+// precision must be the XLA ones (the defaults).
+class XLAStrategy : public DDPStrategy {
+ public:
+  XLAStrategy(std::vector<int64_t> parallel_devices, std::shared_ptr<CheckpointIO> checkpoint_io = nullptr,
+              std::shared_ptr<Precision> precision = nullptr, ParallelOptions options = {});
+  // Throws before launch: "Accessing the XLA device before processes have spawned is not allowed."
+  c10::Device root_device() const override;
+  void mark_step() override;
+  std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader) override;
+  void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
+                       const StorageOptions& storage_options = {}) override;
+  void teardown() override;
+  bool debug() const { return options_.debug; }
+
+ protected:
+  std::unique_ptr<detail::GradientSync> make_gradient_sync() override;
+};
+
+}  // namespace fulgur

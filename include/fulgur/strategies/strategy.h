@@ -1,0 +1,134 @@
+#pragma once
+// Strategy: how a model is run on its devices. A strategy holds an
+// Accelerator, a CheckpointIO, a Precision and (for several processes) a
+// Launcher and a ClusterEnvironment; each has a default made on first use.
+
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/data/data_loader.h>
+#include <fulgur/launchers/launcher.h>
+#include <fulgur/lightning_module.h>
+#include <fulgur/plugins/io/checkpoint_io.h>
+#include <fulgur/plugins/precision/precision.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fulgur {
+
+class Strategy {
+ public:
+  Strategy(std::shared_ptr<Accelerator> accelerator, std::shared_ptr<CheckpointIO> checkpoint_io,
+           std::shared_ptr<Precision> precision);
+  virtual ~Strategy();
+
+  // --- Parts --------------------------------------------------------------
+  Accelerator& accelerator() const;
+  virtual CheckpointIO& checkpoint_io();
+  virtual Precision& precision();
+  // nullptr when this strategy runs in the calling process.
+  virtual Launcher* launcher() { return nullptr; }
+
+  // --- Ranks (0 / 1 before launch) ------------------------------------------
+  virtual int64_t global_rank() const { return 0; }
+  virtual int64_t local_rank() const { return 0; }
+  virtual int64_t node_rank() const { return 0; }
+  virtual int64_t world_size() const { return 1; }
+  bool is_global_zero() const { return global_rank() == 0; }
+  // The device this process trains on. Throws before it is known.
+  virtual c10::Device root_device() const = 0;
+
+  // --- Lifecycle -------------------------------------------------------------
+  // Keeps the module this strategy runs.
+  virtual void connect(LightningModule& model);
+  LightningModule* model() const { return model_; }
+  // In the worker, before setup: device backend and process group.
+  virtual void setup_environment();
+  // Precision conversion, model_to_device, then (when fitting) the optimizers.
+  virtual void setup(Trainer& trainer);
+  // Parameters and buffers onto root_device(); tied weights stay tied.
+  virtual void model_to_device();
+  // Releases process group, device state; moves the module back to the CPU.
+  virtual void teardown();
+  const OptimizerConfig& optimizer_config() const { return optimizer_config_; }
+
+  // --- Steps -------------------------------------------------------------------
+  virtual void on_train_batch_start(const Batch& batch, int64_t batch_idx);
+  virtual StepOutput training_step(const Batch& batch, int64_t batch_idx);
+  // Without gradient recording, under the precision's conversion.
+  virtual StepOutput validation_step(const Batch& batch, int64_t batch_idx);
+  virtual StepOutput test_step(const Batch& batch, int64_t batch_idx);
+  virtual at::Tensor predict_step(const Batch& batch, int64_t batch_idx);
+  virtual void backward(const at::Tensor& loss);
+  // Runs closure, syncs gradients, before_step (hooks, clipping), steps.
+  virtual void optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
+                              const std::function<void()>& before_step);
+  // Whether the next backward's gradients are synced (false while accumulating).
+  virtual void set_gradient_sync(bool /*enabled*/) {}
+  // Marks a step on lazy devices (no-op elsewhere).
+  virtual void mark_step() {}
+  // Makes every rank's gradients the mean over ranks (no-op on one process).
+  virtual void sync_gradients() {}
+
+  // --- Collectives (identity on one process) -------------------------------------
+  // reduce_op: "mean"/"avg" (default), "sum", "max", "min".
+  virtual at::Tensor reduce(const at::Tensor& tensor, const std::string& reduce_op = "mean");
+  // A tensor inside `value` is reduced; anything else is returned unchanged.
+  c10::IValue reduce(const c10::IValue& value, const std::string& reduce_op = "mean");
+  // [world_size, *tensor.shape]. With sync_grads the result is differentiable.
+  virtual at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads = false);
+  virtual c10::IValue broadcast(const c10::IValue& value, int64_t src = 0);
+  virtual void barrier(const std::string& name = "");
+  // True on every rank if `decision` is true on all ranks (all=true) or on any.
+  bool reduce_boolean_decision(bool decision, bool all = true);
+
+  // --- Data --------------------------------------------------------------------------
+  virtual std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader);
+
+  // --- Checkpoints ---------------------------------------------------------------------
+  // Rank 0 writes; every rank must call.
+  virtual void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
+                               const StorageOptions& storage_options = {});
+  virtual Checkpoint load_checkpoint(const std::string& path);
+  virtual void remove_checkpoint(const std::string& path);
+  // The module's parameters and buffers as CPU tensors.
+  c10::Dict<std::string, at::Tensor> model_state_dict() const;
+
+ protected:
+  std::shared_ptr<Accelerator> accelerator_;
+  std::shared_ptr<CheckpointIO> checkpoint_io_;
+  std::shared_ptr<Precision> precision_;
+  LightningModule* model_ = nullptr;
+  OptimizerConfig optimizer_config_;
+};
+
+// One process, one device.
+class SingleDeviceStrategy : public Strategy {
+ public:
+  SingleDeviceStrategy(c10::Device device, std::shared_ptr<Accelerator> accelerator,
+                       std::shared_ptr<CheckpointIO> checkpoint_io = nullptr,
+                       std::shared_ptr<Precision> precision = nullptr);
+  c10::Device root_device() const override { return device_; }
+
+ private:
+  c10::Device device_;
+};
+
+// One process on one xla device: steps are marked; checkpoints are written
+// from the CPU.
+class SingleDeviceXLAStrategy : public SingleDeviceStrategy {
+ public:
+  explicit SingleDeviceXLAStrategy(std::shared_ptr<CheckpointIO> checkpoint_io = nullptr,
+                                   std::shared_ptr<Precision> precision = nullptr);
+  c10::Device root_device() const override;
+  void optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
+                      const std::function<void()>& before_step) override;
+  void mark_step() override;
+  void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
+                       const StorageOptions& storage_options = {}) override;
+  std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader) override;
+  void teardown() override;
+};
+
+}  // namespace fulgur

@@ -1,0 +1,172 @@
+#pragma once
+// Trainer: runs fit / validate / test / predict of a LightningModule with a
+// Strategy, callbacks and a logger.
+//
+// Example:
+//   fulgur::Trainer trainer(fulgur::TrainerOptions()
+//                               .accelerator("xla").devices("auto").strategy("xla")
+//                               .max_epochs(1));
+//   trainer.fit(model, datamodule);
+//   auto metrics = trainer.test(model, datamodule);
+
+#include <fulgur/callbacks/callback.h>
+#include <fulgur/data_module.h>
+#include <fulgur/lightning_module.h>
+#include <fulgur/loggers/logger.h>
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fulgur {
+
+class Strategy;
+class ModelCheckpoint;
+namespace detail {
+struct TrainerImpl;
+}
+
+// How many batches of an epoch to use: a count (int) or a fraction (double).
+class BatchLimit {
+ public:
+  BatchLimit(int value) : BatchLimit(static_cast<int64_t>(value)) {}  // NOLINT
+  BatchLimit(int64_t count) : count_(count), fraction_(-1) {}        // NOLINT
+  BatchLimit(double fraction) : count_(-1), fraction_(fraction) {}   // NOLINT
+  // Batches to run out of `available`; throws std::invalid_argument naming
+  // `what` for a negative count or a fraction outside [0, 1].
+  int64_t resolve(int64_t available, const char* what) const;
+  bool is_fraction() const { return fraction_ >= 0; }
+  double value() const { return is_fraction() ? fraction_ : static_cast<double>(count_); }
+
+ private:
+  int64_t count_;
+  double fraction_;
+};
+
+struct TrainerOptions {
+  // "cpu", "xla" or "auto".
+  TORCH_ARG(std::string, accelerator) = "auto";
+  // "auto", a count "2", or indices "0,1".
+  TORCH_ARG(std::string, devices) = "auto";
+
+ public:
+  TrainerOptions& devices(int64_t n) { devices_ = std::to_string(n); return *this; }
+  // "auto", "single_device", "ddp", "xla", "xla_debug".
+  TORCH_ARG(std::string, strategy) = "auto";
+  // A configured strategy object; overrides `strategy`, `accelerator`, `devices`.
+  TORCH_ARG(std::shared_ptr<Strategy>, strategy_object) = nullptr;
+  // "32-true" or "bf16-true".
+  TORCH_ARG(std::string, precision) = "32-true";
+  TORCH_ARG(int64_t, num_nodes) = 1;
+  // -1: no limit. Unset: 1000 unless max_steps is set (Lightning's rule).
+  TORCH_ARG(std::optional<int64_t>, max_epochs) = std::nullopt;
+  TORCH_ARG(int64_t, min_epochs) = 0;
+  // -1: no limit.
+  TORCH_ARG(int64_t, max_steps) = -1;
+  TORCH_ARG(BatchLimit, limit_train_batches) = 1.0;
+  TORCH_ARG(BatchLimit, limit_val_batches) = 1.0;
+  TORCH_ARG(BatchLimit, limit_test_batches) = 1.0;
+  TORCH_ARG(BatchLimit, limit_predict_batches) = 1.0;
+  // Validate every n training batches (count) or fraction of an epoch.
+  TORCH_ARG(BatchLimit, val_check_interval) = 1.0;
+  TORCH_ARG(int64_t, check_val_every_n_epoch) = 1;
+  // Sum gradients of k batches, then step once.
+  TORCH_ARG(int64_t, accumulate_grad_batches) = 1;
+  TORCH_ARG(std::optional<double>, gradient_clip_val) = std::nullopt;
+  // "norm" or "value".
+  TORCH_ARG(std::string, gradient_clip_algorithm) = "norm";
+  TORCH_ARG(int64_t, num_sanity_val_steps) = 2;
+  TORCH_ARG(int64_t, log_every_n_steps) = 50;
+  TORCH_ARG(std::string, default_root_dir) = ".";
+  TORCH_ARG(bool, enable_progress_bar) = true;
+  TORCH_ARG(bool, enable_checkpointing) = true;
+  // false: no logger. With true and no `logger_object`: a CSVLogger.
+  TORCH_ARG(bool, logger) = true;
+  TORCH_ARG(std::shared_ptr<Logger>, logger_object) = nullptr;
+  TORCH_ARG(std::vector<std::shared_ptr<Callback>>, callbacks) = {};
+  // Seeds torch's generator (and the samplers) on every rank before setup.
+  TORCH_ARG(std::optional<uint64_t>, seed) = std::nullopt;
+  TORCH_ARG(bool, deterministic) = false;
+  // Run n batches of train/val/test once, no checkpoints or logs (0 = off).
+  TORCH_ARG(int64_t, fast_dev_run) = 0;
+  // Bound on each collective and on the rendezvous (ms).
+  TORCH_ARG(int64_t, collective_timeout_ms) = 30 * 60 * 1000;
+  // Launcher start method for multi-process strategies: "fork" or "spawn".
+  TORCH_ARG(std::string, start_method) = "fork";
+  // Stop the run on SIGTERM/SIGINT at the next step boundary, after a checkpoint.
+  TORCH_ARG(bool, handle_signals) = true;
+};
+
+// Metric name -> value.
+using Metrics = std::map<std::string, double>;
+
+class Trainer {
+ public:
+  // Resolves every option (accelerator, devices, strategy, precision, loop
+  // bounds) now and throws std::invalid_argument naming a bad one, before
+  // any process starts.
+  explicit Trainer(TrainerOptions options = TrainerOptions());
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // ckpt_path: "" (fresh), "last", "best" or a file. Throws WorkerFailure when
+  // a worker fails, and std::logic_error when called twice with a strategy
+  // that starts processes.
+  void fit(LightningModule& model, DataModule& datamodule, const std::string& ckpt_path = "");
+  void fit(LightningModule& model, std::shared_ptr<BatchSource> train_loader,
+           std::shared_ptr<BatchSource> val_loader = nullptr, const std::string& ckpt_path = "");
+  Metrics validate(LightningModule& model, DataModule& datamodule, const std::string& ckpt_path = "");
+  Metrics validate(LightningModule& model, std::shared_ptr<BatchSource> loader, const std::string& ckpt_path = "");
+  Metrics test(LightningModule& model, DataModule& datamodule, const std::string& ckpt_path = "");
+  Metrics test(LightningModule& model, std::shared_ptr<BatchSource> loader, const std::string& ckpt_path = "");
+  // Rank 0's predictions (each rank predicts its share of the loader).
+  std::vector<at::Tensor> predict(LightningModule& model, std::shared_ptr<BatchSource> loader,
+                                  const std::string& ckpt_path = "");
+
+  // --- State, for callbacks and modules -------------------------------------
+  const TrainerOptions& options() const;
+  Strategy& strategy() const;
+  int64_t current_epoch() const;
+  int64_t global_step() const;
+  bool should_stop() const;
+  void set_should_stop(bool value);
+  bool sanity_checking() const;
+  bool is_global_zero() const;
+  int64_t world_size() const;
+  int64_t global_rank() const;
+  // Batches per training epoch after limits (and per rank).
+  int64_t num_training_batches() const;
+  int64_t max_epochs() const;
+  int64_t max_steps() const;
+  // The latest value of every logged metric (epoch aggregates once the epoch ended).
+  const Metrics& callback_metrics() const;
+  const Metrics& progress_bar_metrics() const;
+  const std::shared_ptr<Logger>& logger() const;
+  // <log_dir> of the logger, or default_root_dir without one.
+  std::string log_dir() const;
+  const std::vector<std::shared_ptr<Callback>>& callbacks() const;
+  // The first ModelCheckpoint callback, or nullptr.
+  ModelCheckpoint* checkpoint_callback() const;
+  const OptimizerConfig& optimizer_config() const;
+  // Whole-run checkpoint dict as saved by save_checkpoint.
+  Checkpoint dump_checkpoint();
+  // All ranks call; rank 0 writes; followed by a barrier.
+  void save_checkpoint(const std::string& path);
+
+  // Used by LightningModule::log and LightningOptimizer.
+  detail::TrainerImpl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<detail::TrainerImpl> impl_;
+};
+
+// Seeds torch's default generator (and C's rand) in this process.
+void seed_everything(uint64_t seed);
+
+}  // namespace fulgur

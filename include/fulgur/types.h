@@ -1,0 +1,71 @@
+#pragma once
+// Small value types shared by the whole API: the batch, what a step returns,
+// how a value is logged, and the training stage.
+
+#include <ATen/core/Tensor.h>
+#include <torch/data/example.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace fulgur {
+
+// A batch: inputs in `data`, labels (or next tokens) in `target`.
+// Both tensors have the batch as their first dimension.
+using Batch = torch::data::Example<at::Tensor, at::Tensor>;
+
+// What a *_step returns: nothing, a loss tensor, or a dict that holds "loss"
+// (and anything else the user wants to pass to the *_batch_end hooks).
+//
+// Example:
+//   return loss;                               // a tensor
+//   return StepOutput({{"loss", loss}, {"acc", acc}});
+class StepOutput {
+ public:
+  StepOutput() = default;
+  StepOutput(at::Tensor loss);  // NOLINT(google-explicit-constructor): mirrors Lightning
+  explicit StepOutput(std::map<std::string, at::Tensor> values);
+
+  bool empty() const { return values_.empty(); }
+  bool has_loss() const { return values_.count("loss") > 0; }
+  // REQUIRES: has_loss().
+  const at::Tensor& loss() const;
+  const std::map<std::string, at::Tensor>& values() const { return values_; }
+
+ private:
+  std::map<std::string, at::Tensor> values_;
+};
+
+enum class Stage { kFit, kValidate, kTest, kPredict, kSanityCheck };
+const char* to_string(Stage stage);
+
+// How `LightningModule::log` records a value. Unset fields take Lightning's
+// defaults for the hook they are called from: in training_step
+// on_step=true, on_epoch=false; in validation/test steps on_step=false,
+// on_epoch=true.
+struct LogOptions {
+  std::optional<bool> on_step;
+  std::optional<bool> on_epoch;
+  // Show the value in the progress bar.
+  bool prog_bar = false;
+  // Send the value to the logger (metrics.csv).
+  bool logger = true;
+  // Reduce the value across ranks (one collective per logged value).
+  bool sync_dist = false;
+  // How on_epoch values are aggregated over the epoch: "mean", "sum", "max", "min".
+  std::string reduce_fx = "mean";
+  // Weight of this value in the epoch mean; default: the batch's first dimension.
+  std::optional<int64_t> batch_size;
+
+  LogOptions& with_on_step(bool v) { on_step = v; return *this; }
+  LogOptions& with_on_epoch(bool v) { on_epoch = v; return *this; }
+  LogOptions& with_prog_bar(bool v) { prog_bar = v; return *this; }
+  LogOptions& with_logger(bool v) { logger = v; return *this; }
+  LogOptions& with_sync_dist(bool v) { sync_dist = v; return *this; }
+  LogOptions& with_reduce_fx(std::string v) { reduce_fx = std::move(v); return *this; }
+  LogOptions& with_batch_size(int64_t v) { batch_size = v; return *this; }
+};
+
+}  // namespace fulgur

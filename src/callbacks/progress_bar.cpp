@@ -1,0 +1,83 @@
+#include <fulgur/callbacks/progress_bar.h>
+#include <fulgur/trainer.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+namespace fulgur {
+namespace {
+
+std::string fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.4g", v);
+  return buf;
+}
+
+}  // namespace
+
+ProgressBar::ProgressBar(ProgressBarOptions options)
+    : options_(options), terminal_(options.terminal.value_or(::isatty(STDOUT_FILENO) == 1)) {}
+
+std::ostream& ProgressBar::out() const { return options_.stream ? *options_.stream : std::cout; }
+
+std::string ProgressBar::render(Trainer& trainer, int64_t batch_idx, int64_t total) const {
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_).count();
+  std::ostringstream os;
+  os << "Epoch " << trainer.current_epoch() << ": " << batch_idx << "/" << total;
+  if (total > 0) os << " (" << (100 * batch_idx / total) << "%)";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), " [%.1fs, %.1f it/s]", secs, secs > 0 ? batches_seen_ / secs : 0.0);
+  os << buf;
+  for (const auto& [k, v] : trainer.progress_bar_metrics()) os << " " << k << "=" << fmt(v);
+  return os.str();
+}
+
+void ProgressBar::on_train_epoch_start(Trainer&, LightningModule&) {
+  epoch_start_ = std::chrono::steady_clock::now();
+  batches_seen_ = 0;
+}
+
+void ProgressBar::on_train_batch_end(Trainer& trainer, LightningModule&, const StepOutput&, const Batch&,
+                                     int64_t batch_idx) {
+  ++batches_seen_;
+  if (!trainer.is_global_zero() || trainer.sanity_checking()) return;
+  const int64_t total = trainer.num_training_batches();
+  const int64_t done = batch_idx + 1;
+  if (terminal_) {
+    const int64_t every = std::max<int64_t>(1, options_.print_every);
+    if (done % every != 0 && done != total) return;
+    out() << "\r" << render(trainer, done, total) << "\033[K" << std::flush;
+    return;
+  }
+  const int64_t every = options_.print_every > 0 ? options_.print_every : std::max<int64_t>(1, total / 10);
+  if (done % every == 0 || done == total) out() << render(trainer, done, total) << "\n" << std::flush;
+}
+
+void ProgressBar::on_train_epoch_end(Trainer& trainer, LightningModule&) {
+  if (!trainer.is_global_zero()) return;
+  if (terminal_) {
+    out() << "\r" << render(trainer, trainer.num_training_batches(), trainer.num_training_batches()) << "\033[K\n"
+          << std::flush;
+  }
+}
+
+void ProgressBar::on_validation_end(Trainer& trainer, LightningModule&) {
+  if (!trainer.is_global_zero() || terminal_) return;
+  std::ostringstream os;
+  os << "Validation (epoch " << trainer.current_epoch() << "):";
+  for (const auto& [k, v] : trainer.progress_bar_metrics()) os << " " << k << "=" << fmt(v);
+  out() << os.str() << "\n" << std::flush;
+}
+
+void ProgressBar::on_test_end(Trainer& trainer, LightningModule&) {
+  if (!trainer.is_global_zero()) return;
+  std::ostringstream os;
+  os << "Test:";
+  for (const auto& [k, v] : trainer.callback_metrics()) os << " " << k << "=" << fmt(v);
+  out() << (terminal_ ? "\r" : "") << os.str() << "\n" << std::flush;
+}
+
+}  // namespace fulgur

@@ -1,0 +1,404 @@
+#include <fulgur/distributed/collectives.h>
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+namespace fulgur {
+
+ReduceOp parse_reduce_op(const std::string& name) {
+  std::string n = name;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (n == "mean" || n == "avg") return ReduceOp::kMean;
+  if (n == "sum") return ReduceOp::kSum;
+  if (n == "max") return ReduceOp::kMax;
+  if (n == "min") return ReduceOp::kMin;
+  throw std::invalid_argument("reduce_op '" + name + "' is not known; valid: \"mean\" (or \"avg\"), \"sum\", \"max\", \"min\"");
+}
+
+namespace {
+
+// What every rank announces before a checked collective. A fixed-size byte
+// record, gathered from all ranks, so that ranks disagreeing on the
+// collective, the shape, the dtype or the barrier name fail with a message
+// instead of corrupting memory or aborting inside Gloo.
+constexpr int kMaxDims = 8;
+constexpr int kNameBytes = 64;
+struct Meta {
+  int64_t op;
+  int64_t dtype;
+  int64_t ndim;
+  int64_t dims[kMaxDims];
+  int64_t extra;  // src for broadcasts
+  char name[kNameBytes];
+};
+static_assert(sizeof(Meta) % 8 == 0, "Meta must be a whole number of int64");
+
+enum Op : int64_t { kAllReduce = 1, kAllGather, kBroadcast, kBroadcastObject, kBarrier };
+
+const char* op_name(int64_t op) {
+  switch (op) {
+    case kAllReduce: return "all_reduce";
+    case kAllGather: return "all_gather";
+    case kBroadcast: return "broadcast";
+    case kBroadcastObject: return "broadcast_object";
+    case kBarrier: return "barrier";
+  }
+  return "unknown collective";
+}
+
+std::string describe(const Meta& m) {
+  std::ostringstream os;
+  if (m.op == kBarrier) {
+    os << "barrier('" << std::string(m.name, strnlen(m.name, kNameBytes)) << "')";
+    return os.str();
+  }
+  os << op_name(m.op);
+  if (m.op == kBroadcastObject) {
+    os << "(src=" << m.extra << ")";
+    return os.str();
+  }
+  os << " of " << c10::toString(static_cast<c10::ScalarType>(m.dtype)) << "[";
+  for (int64_t i = 0; i < m.ndim && i < kMaxDims; ++i) os << (i ? ", " : "") << m.dims[i];
+  os << "]";
+  if (m.op == kBroadcast) os << " (src=" << m.extra << ")";
+  return os.str();
+}
+
+bool same(const Meta& a, const Meta& b) {
+  if (a.op != b.op || a.extra != b.extra) return false;
+  if (a.op == kBarrier) return std::strncmp(a.name, b.name, kNameBytes) == 0;
+  if (a.op == kBroadcastObject) return true;
+  if (a.dtype != b.dtype || a.ndim != b.ndim) return false;
+  for (int64_t i = 0; i < a.ndim && i < kMaxDims; ++i)
+    if (a.dims[i] != b.dims[i]) return false;
+  return true;
+}
+
+Meta make_meta(int64_t op, const at::Tensor* t, int64_t extra, const std::string& name) {
+  Meta m{};
+  m.op = op;
+  m.extra = extra;
+  if (t) {
+    m.dtype = static_cast<int64_t>(t->scalar_type());
+    m.ndim = t->dim();
+    if (t->dim() > kMaxDims) throw std::invalid_argument(std::string(op_name(op)) + ": tensors of more than 8 dimensions are not supported");
+    for (int64_t i = 0; i < t->dim(); ++i) m.dims[i] = t->size(i);
+  }
+  std::strncpy(m.name, name.c_str(), kNameBytes - 1);
+  return m;
+}
+
+::c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMean: return ::c10d::ReduceOp::SUM;
+    case ReduceOp::kMax: return ::c10d::ReduceOp::MAX;
+    case ReduceOp::kMin: return ::c10d::ReduceOp::MIN;
+  }
+  return ::c10d::ReduceOp::SUM;
+}
+
+// The largest object broadcast_object accepts (checked before allocating).
+constexpr int64_t kMaxObjectBytes = int64_t(4) << 30;
+
+class GlooCollectives;
+
+class GlooPending : public PendingReduce {
+ public:
+  GlooPending(GlooCollectives* owner, c10::intrusive_ptr<::c10d::Work> work, int64_t seq)
+      : owner_(owner), work_(std::move(work)), seq_(seq) {}
+  void wait() override;
+
+ private:
+  GlooCollectives* owner_;
+  c10::intrusive_ptr<::c10d::Work> work_;
+  int64_t seq_;
+};
+
+class GlooCollectives : public Collectives {
+ public:
+  explicit GlooCollectives(const RendezvousOptions& o) : opts_(o) {
+    if (o.world_size < 1) throw std::invalid_argument("world_size=" + std::to_string(o.world_size) + " must be >= 1");
+    if (o.rank < 0 || o.rank >= o.world_size) {
+      throw std::invalid_argument("rank " + std::to_string(o.rank) + " is outside [0, " + std::to_string(o.world_size) +
+                                  ") for world_size " + std::to_string(o.world_size));
+    }
+    const std::string where = o.store_path.empty() ? o.host + ":" + std::to_string(o.port) : "file " + o.store_path;
+    try {
+      if (!o.store_path.empty()) {
+        store_ = c10::make_intrusive<::c10d::FileStore>(o.store_path, static_cast<int>(o.world_size));
+        store_->setTimeout(o.timeout);
+      } else {
+        ::c10d::TCPStoreOptions so;
+        so.port = static_cast<uint16_t>(o.port);
+        so.isServer = o.rank == 0 && !o.store_served_externally;
+        so.numWorkers = static_cast<size_t>(o.world_size);
+        so.waitWorkers = false;
+        so.timeout = o.timeout;
+        store_ = c10::make_intrusive<::c10d::TCPStore>(o.host, so);
+      }
+    } catch (const std::exception& e) {
+      const std::string msg = first_line(e.what());
+      if (msg.find("in use") != std::string::npos || msg.find("bind") != std::string::npos) {
+        throw CollectiveError("rendezvous: cannot serve the store on port " + std::to_string(o.port) +
+                              ": the port is in use by another process (" + msg + "); choose another MASTER_PORT");
+      }
+      throw CollectiveError("rendezvous: cannot reach the store at " + where + ": " + msg);
+    }
+    // Count arrivals and catch duplicate ranks before the Gloo mesh forms.
+    const int64_t dup = store_->add("fulgur/rank/" + std::to_string(o.rank), 1);
+    store_->add("fulgur/joined", 1);
+    if (dup > 1) {
+      throw CollectiveError("rendezvous: rank " + std::to_string(o.rank) + " joined twice (two processes were given RANK=" +
+                            std::to_string(o.rank) + "); every rank in [0, " + std::to_string(o.world_size) +
+                            ") must be used once");
+    }
+    connect();
+  }
+
+  ~GlooCollectives() override { shutdown(); }
+
+  int64_t rank() const override { return opts_.rank; }
+  int64_t world_size() const override { return opts_.world_size; }
+
+  void all_reduce(at::Tensor& tensor, ReduceOp op) override {
+    check(make_meta(kAllReduce, &tensor, 0, ""));
+    at::Tensor cpu = staged(tensor);
+    if (op == ReduceOp::kMean && !cpu.is_floating_point()) cpu = cpu.to(torch::kFloat64);
+    std::vector<at::Tensor> ts{cpu};
+    ::c10d::AllreduceOptions ao;
+    ao.reduceOp = to_c10d(op);
+    run("all_reduce", [&] { return pg_->allreduce(ts, ao); });
+    if (op == ReduceOp::kMean) cpu.div_(static_cast<double>(opts_.world_size));
+    if (op == ReduceOp::kMean && !tensor.is_floating_point()) {
+      tensor = cpu.to(tensor.device());
+    } else if (!cpu.is_same(tensor)) {
+      tensor.copy_(cpu.to(tensor.device()));
+    }
+  }
+
+  std::unique_ptr<PendingReduce> all_reduce_async(at::Tensor& tensor, ReduceOp op) override {
+    if (!tensor.device().is_cpu()) throw std::invalid_argument("all_reduce_async needs a CPU tensor, got " + tensor.device().str());
+    if (op == ReduceOp::kMean) throw std::invalid_argument("all_reduce_async: Gloo has no mean; use kSum and divide");
+    if (opts_.debug) check(make_meta(kAllReduce, &tensor, 0, "async"));
+    ensure_alive("all_reduce");
+    std::vector<at::Tensor> ts{tensor};
+    ::c10d::AllreduceOptions ao;
+    ao.reduceOp = to_c10d(op);
+    const int64_t seq = ++seq_;
+    return std::make_unique<GlooPending>(this, pg_->allreduce(ts, ao), seq);
+  }
+
+  at::Tensor all_gather(const at::Tensor& tensor) override {
+    check(make_meta(kAllGather, &tensor, 0, ""));
+    at::Tensor cpu = staged(tensor).contiguous();
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int64_t r = 0; r < opts_.world_size; ++r) out[0].push_back(torch::empty_like(cpu));
+    std::vector<at::Tensor> in{cpu};
+    run("all_gather", [&] { return pg_->allgather(out, in); });
+    return torch::stack(out[0]).to(tensor.device());
+  }
+
+  void broadcast(at::Tensor& tensor, int64_t src) override {
+    check_src(src, "broadcast");
+    check(make_meta(kBroadcast, &tensor, src, ""));
+    broadcast_unchecked(tensor, src);
+  }
+
+  c10::IValue broadcast_object(const c10::IValue& value, int64_t src) override {
+    check_src(src, "broadcast_object");
+    check(make_meta(kBroadcastObject, nullptr, src, ""));
+    std::vector<char> bytes;
+    if (opts_.rank == src) bytes = torch::pickle_save(value);
+    auto len = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
+    broadcast_unchecked(len, src);
+    const int64_t n = len.item<int64_t>();
+    if (n < 0 || n > kMaxObjectBytes) {
+      throw CollectiveError("broadcast_object: rank " + std::to_string(src) + " announced " + std::to_string(n) +
+                            " bytes, outside [0, " + std::to_string(kMaxObjectBytes) + "]");
+    }
+    auto payload = torch::empty({n}, torch::kUInt8);
+    if (opts_.rank == src) std::memcpy(payload.data_ptr(), bytes.data(), bytes.size());
+    broadcast_unchecked(payload, src);
+    if (opts_.rank == src) return value;
+    std::vector<char> received(static_cast<const char*>(payload.data_ptr()), static_cast<const char*>(payload.data_ptr()) + n);
+    try {
+      return torch::pickle_load(received);
+    } catch (const std::exception& e) {
+      throw CollectiveError("broadcast_object: the " + std::to_string(n) + " bytes from rank " + std::to_string(src) +
+                            " do not decode: " + first_line(e.what()));
+    }
+  }
+
+  void barrier(const std::string& name) override { check(make_meta(kBarrier, nullptr, 0, name)); }
+
+  void shutdown() override {
+    pg_.reset();
+    store_.reset();
+    dead_ = "the process group was shut down";
+  }
+
+  [[noreturn]] void fail(const char* what, int64_t seq, const std::exception& e) {
+    const std::string cause = first_line(e.what());
+    const bool timeout = cause.find("imed out") != std::string::npos || cause.find("imeout") != std::string::npos;
+    std::string missing = missing_ranks(seq);
+    std::ostringstream os;
+    os << what << " (collective #" << seq << ") ";
+    if (timeout) {
+      os << "timed out after " << opts_.timeout.count() << " ms";
+    } else {
+      os << "failed: a peer left or broke the connection";
+    }
+    os << "; " << missing << "; cause: " << cause << ". The process group is closed and will not be reused.";
+    dead_ = os.str();
+    pg_.reset();
+    throw CollectiveError(dead_);
+  }
+
+ private:
+  static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+  void connect() {
+    auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("fulgur/pg", store_);
+    auto go = ::c10d::ProcessGroupGloo::Options::create(opts_.timeout);
+    go->threads = 1;
+    const std::string addr = opts_.bind_address.empty() ? "127.0.0.1" : opts_.bind_address;
+    try {
+      go->devices.push_back(::c10d::ProcessGroupGloo::createDeviceForHostname(addr));
+      pg_ = c10::make_intrusive<::c10d::ProcessGroupGloo>(prefixed, static_cast<int>(opts_.rank),
+                                                          static_cast<int>(opts_.world_size), go);
+    } catch (const std::exception& e) {
+      int64_t joined = -1;
+      try {
+        joined = store_->add("fulgur/joined", 0);
+      } catch (...) {
+      }
+      std::ostringstream os;
+      os << "rendezvous failed after " << opts_.timeout.count() << " ms: ";
+      if (joined >= 0) os << joined << "/" << opts_.world_size << " joined";
+      else os << "the store did not answer";
+      os << " (rank " << opts_.rank << ", world_size " << opts_.world_size << "); check WORLD_SIZE and that every rank "
+         << "was started; cause: " << first_line(e.what());
+      throw CollectiveError(os.str());
+    }
+  }
+
+  void ensure_alive(const char* what) {
+    if (!dead_.empty()) throw CollectiveError(std::string(what) + ": " + dead_);
+  }
+
+  void check_src(int64_t src, const char* what) {
+    if (src < 0 || src >= opts_.world_size) {
+      throw std::invalid_argument(std::string(what) + ": src=" + std::to_string(src) + " is outside [0, " +
+                                  std::to_string(opts_.world_size) + ")");
+    }
+  }
+
+  // Gloo takes dense CPU tensors only: other devices are staged through the CPU.
+  static at::Tensor staged(const at::Tensor& t) { return t.device().is_cpu() ? t : t.to(torch::kCPU); }
+
+  template <typename F>
+  void run(const char* what, F&& start) {
+    ensure_alive(what);
+    const int64_t seq = ++seq_;
+    try {
+      start()->wait();
+    } catch (const std::exception& e) {
+      fail(what, seq, e);
+    }
+  }
+
+  void broadcast_unchecked(at::Tensor& tensor, int64_t src) {
+    at::Tensor cpu = staged(tensor).contiguous();
+    std::vector<at::Tensor> ts{cpu};
+    ::c10d::BroadcastOptions bo;
+    bo.rootRank = static_cast<int>(src);
+    run("broadcast", [&] { return pg_->broadcast(ts, bo); });
+    if (!cpu.is_same(tensor)) tensor.copy_(cpu.to(tensor.device()));
+  }
+
+  // Gathers every rank's Meta; throws the same error on every rank if they differ.
+  void check(const Meta& mine) {
+    if (opts_.debug) std::cerr << "[fulgur debug] rank " << opts_.rank << ": " << describe(mine) << std::endl;
+    if (opts_.world_size == 1) return;
+    const int64_t n = sizeof(Meta) / 8;
+    auto in = torch::empty({n}, torch::kInt64);
+    std::memcpy(in.data_ptr(), &mine, sizeof(Meta));
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int64_t r = 0; r < opts_.world_size; ++r) out[0].push_back(torch::empty({n}, torch::kInt64));
+    std::vector<at::Tensor> ins{in};
+    run(mine.op == kBarrier ? "barrier" : op_name(mine.op), [&] { return pg_->allgather(out, ins); });
+    std::vector<Meta> all(opts_.world_size);
+    for (int64_t r = 0; r < opts_.world_size; ++r) std::memcpy(&all[r], out[0][r].data_ptr(), sizeof(Meta));
+    for (int64_t r = 1; r < opts_.world_size; ++r) {
+      if (same(all[0], all[r])) continue;
+      std::ostringstream os;
+      os << "ranks disagree on the collective: rank 0 called " << describe(all[0]) << ", rank " << r << " called "
+         << describe(all[r]);
+      if (all[0].op == all[r].op && all[0].op != kBarrier && all[0].op != kBroadcastObject) {
+        os << " (every rank must pass the same shape and dtype)";
+      }
+      throw CollectiveError(os.str());
+    }
+  }
+
+  // After a failure: ranks that report within a short wait are alive and
+  // arrived; the others are named.
+  std::string missing_ranks(int64_t seq) {
+    if (!store_) return "ranks that did not arrive: unknown";
+    try {
+      const std::string prefix = "fulgur/failed/" + std::to_string(seq) + "/";
+      store_->set(prefix + std::to_string(opts_.rank), std::vector<uint8_t>{1});
+      const auto deadline = std::chrono::steady_clock::now() +
+                            std::min<std::chrono::milliseconds>(opts_.timeout, std::chrono::milliseconds(1500));
+      std::vector<int64_t> missing;
+      while (true) {
+        missing.clear();
+        for (int64_t r = 0; r < opts_.world_size; ++r)
+          if (!store_->check({prefix + std::to_string(r)})) missing.push_back(r);
+        if (missing.empty() || std::chrono::steady_clock::now() > deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      std::ostringstream os;
+      os << "ranks that did not arrive: [";
+      for (size_t i = 0; i < missing.size(); ++i) os << (i ? ", " : "") << missing[i];
+      os << "]";
+      return os.str();
+    } catch (const std::exception&) {
+      return "ranks that did not arrive: unknown (the store is gone)";
+    }
+  }
+
+  RendezvousOptions opts_;
+  c10::intrusive_ptr<::c10d::Store> store_;
+  c10::intrusive_ptr<::c10d::ProcessGroupGloo> pg_;
+  int64_t seq_ = 0;
+  std::string dead_;
+};
+
+void GlooPending::wait() {
+  try {
+    work_->wait();
+  } catch (const std::exception& e) {
+    owner_->fail("gradient all_reduce", seq_, e);
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Collectives> Collectives::create(const RendezvousOptions& options) {
+  return std::make_shared<GlooCollectives>(options);
+}
+
+}  // namespace fulgur

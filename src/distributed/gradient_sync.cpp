@@ -1,0 +1,215 @@
+#include "distributed/gradient_sync.h"
+
+#include <torch/torch.h>
+
+#include <map>
+#include <mutex>
+#include <unordered_set>
+
+namespace fulgur::detail {
+
+std::vector<at::Tensor> unique_trainable_parameters(const torch::nn::Module& module) {
+  std::vector<at::Tensor> out;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& p : module.parameters(true)) {
+    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    out.push_back(p);
+  }
+  return out;
+}
+
+namespace {
+
+// A flat buffer and the parameters whose gradients it holds.
+struct Bucket {
+  at::Tensor flat;
+  std::vector<size_t> params;   // indices into the reducer's parameter list
+  std::vector<int64_t> offsets;  // element offset of each parameter in `flat`
+  size_t ready = 0;
+  std::unique_ptr<PendingReduce> pending;
+};
+
+// Buckets of one dtype each, filled in reverse parameter order (the order in
+// which backward produces gradients), the first one small so communication
+// starts early.
+std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t first_bytes, int64_t bytes) {
+  std::vector<Bucket> buckets;
+  std::map<c10::ScalarType, size_t> open;  // dtype -> index of the bucket being filled
+  for (size_t k = params.size(); k-- > 0;) {
+    const auto& p = params[k];
+    const auto dtype = p.scalar_type();
+    auto it = open.find(dtype);
+    if (it == open.end() || [&] {
+          const Bucket& b = buckets[it->second];
+          const int64_t cap = it->second == 0 ? first_bytes : bytes;
+          return b.offsets.back() * static_cast<int64_t>(p.element_size()) >= cap;
+        }()) {
+      buckets.emplace_back();
+      buckets.back().offsets.push_back(0);
+      open[dtype] = buckets.size() - 1;
+      it = open.find(dtype);
+    }
+    Bucket& b = buckets[it->second];
+    b.params.push_back(k);
+    b.offsets.push_back(b.offsets.back() + p.numel());
+  }
+  for (auto& b : buckets) {
+    b.flat = torch::zeros({b.offsets.back()}, params[b.params[0]].options().device(torch::kCPU));
+    b.offsets.pop_back();
+  }
+  return buckets;
+}
+
+class BucketReducer : public GradientSync {
+ public:
+  BucketReducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> c, BucketOptions o)
+      : params_(std::move(params)), collectives_(std::move(c)) {
+    buckets_ = make_buckets(params_, o.first_bucket_bytes, o.bucket_bytes);
+    where_.resize(params_.size());
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      for (size_t j = 0; j < buckets_[b].params.size(); ++j) where_[buckets_[b].params[j]] = {b, j};
+    for (size_t k = 0; k < params_.size(); ++k) {
+      hooks_.push_back(params_[k].register_hook([this, k](const at::Tensor& grad) { on_grad(k, grad); }));
+    }
+    seen_.assign(params_.size(), false);
+  }
+  ~BucketReducer() override {
+    for (size_t k = 0; k < params_.size(); ++k) params_[k].remove_hook(hooks_[k]);
+  }
+
+  void finalize() override {
+    if (!enabled_) return;
+    // Parameters that got no gradient this backward contribute zeros.
+    for (size_t k = 0; k < params_.size(); ++k)
+      if (!seen_[k]) mark_ready(k, at::Tensor());
+    launch_ready();
+    const double inv = 1.0 / static_cast<double>(collectives_->world_size());
+    torch::NoGradGuard no_grad;
+    for (auto& b : buckets_) {
+      b.pending->wait();
+      b.pending.reset();
+      b.flat.mul_(inv);
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        auto& p = params_[b.params[j]];
+        auto slice = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
+        if (p.grad().defined()) {
+          p.mutable_grad().copy_(slice);
+        } else {
+          p.mutable_grad() = slice.clone();
+        }
+      }
+      b.ready = 0;
+    }
+    next_ = 0;
+    seen_.assign(params_.size(), false);
+  }
+
+ private:
+  void on_grad(size_t k, const at::Tensor& grad) {
+    if (!enabled_) return;
+    // What p.grad will hold once this gradient is accumulated.
+    const auto& p = params_[k];
+    at::Tensor total = p.grad().defined() ? p.grad() + grad : grad;
+    mark_ready(k, total);
+    launch_ready();
+  }
+
+  void mark_ready(size_t k, const at::Tensor& total) {
+    if (seen_[k]) return;
+    seen_[k] = true;
+    auto [b, j] = where_[k];
+    Bucket& bucket = buckets_[b];
+    auto slice = bucket.flat.narrow(0, bucket.offsets[j], params_[k].numel());
+    if (total.defined()) {
+      slice.copy_(total.reshape({-1}));
+    } else {
+      slice.zero_();
+    }
+    ++bucket.ready;
+  }
+
+  // Starts the all-reduce of full buckets, strictly in bucket order so every
+  // rank issues them in the same order.
+  void launch_ready() {
+    while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].params.size()) {
+      buckets_[next_].pending = collectives_->all_reduce_async(buckets_[next_].flat, ReduceOp::kSum);
+      ++next_;
+    }
+  }
+
+  std::vector<at::Tensor> params_;
+  std::shared_ptr<Collectives> collectives_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<size_t, size_t>> where_;
+  std::vector<unsigned> hooks_;
+  std::vector<bool> seen_;
+  size_t next_ = 0;
+};
+
+class StepReducer : public GradientSync {
+ public:
+  StepReducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> c, std::function<void()> materialize,
+              int64_t max_bytes)
+      : params_(std::move(params)), collectives_(std::move(c)), materialize_(std::move(materialize)) {
+    buckets_ = make_buckets(params_, max_bytes, max_bytes);
+  }
+
+  void finalize() override {
+    if (!enabled_ || params_.empty()) return;
+    if (materialize_) materialize_();
+    torch::NoGradGuard no_grad;
+    // Fill every buffer, start all reductions, then write back.
+    for (auto& b : buckets_) {
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        const auto& p = params_[b.params[j]];
+        auto slice = b.flat.narrow(0, b.offsets[j], p.numel());
+        if (p.grad().defined()) {
+          slice.copy_(p.grad().to(torch::kCPU).reshape({-1}));
+        } else {
+          slice.zero_();
+        }
+      }
+      b.pending = collectives_->all_reduce_async(b.flat, ReduceOp::kSum);
+    }
+    const double inv = 1.0 / static_cast<double>(collectives_->world_size());
+    for (auto& b : buckets_) {
+      b.pending->wait();
+      b.pending.reset();
+      b.flat.mul_(inv);
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        auto& p = params_[b.params[j]];
+        auto slice = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
+        if (p.device().is_cpu()) {
+          if (p.grad().defined()) {
+            p.mutable_grad().copy_(slice);
+          } else {
+            p.mutable_grad() = slice.clone();
+          }
+        } else {
+          // A lazy tensor keeps a reference to its data: give it its own copy.
+          p.mutable_grad() = slice.clone().to(p.device());
+        }
+      }
+    }
+  }
+
+ private:
+  std::vector<at::Tensor> params_;
+  std::shared_ptr<Collectives> collectives_;
+  std::function<void()> materialize_;
+  std::vector<Bucket> buckets_;
+};
+
+}  // namespace
+
+std::unique_ptr<GradientSync> make_bucket_reducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> c,
+                                                  BucketOptions o) {
+  return std::make_unique<BucketReducer>(std::move(params), std::move(c), o);
+}
+
+std::unique_ptr<GradientSync> make_step_reducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> c,
+                                                std::function<void()> materialize, int64_t max_bytes) {
+  return std::make_unique<StepReducer>(std::move(params), std::move(c), std::move(materialize), max_bytes);
+}
+
+}  // namespace fulgur::detail

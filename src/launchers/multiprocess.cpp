@@ -1,0 +1,340 @@
+#include <fulgur/launchers/launcher.h>
+#include <fulgur/plugins/environments/cluster_environment.h>
+#include <fulgur/plugins/io/checkpoint_io.h>
+
+#include <algorithm>
+
+#include "runtime/signals.h"
+#include "runtime/threads.h"
+
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace fulgur {
+namespace {
+
+const char* kWorkerEnv = "FULGUR_WORKER";
+const char* kLaunchDirEnv = "FULGUR_LAUNCH_DIR";
+const char* kLaunchIndexEnv = "FULGUR_LAUNCH_INDEX";
+
+// Launches this process has made (parent) or seen (spawned worker replaying).
+int g_launches = 0;
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGKILL: return "SIGKILL";
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGHUP: return "SIGHUP";
+    case SIGPIPE: return "SIGPIPE";
+  }
+  return "signal " + std::to_string(sig);
+}
+
+// The folder holding this process's launches: private (0700), removed at exit.
+const std::string& run_dir() {
+  static std::string dir = [] {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/fulgur-XXXXXX";
+    std::vector<char> buf(tpl.begin(), tpl.end());
+    buf.push_back('\0');
+    if (!::mkdtemp(buf.data())) throw std::runtime_error("launcher: cannot create a private folder from " + tpl);
+    std::string d(buf.data());
+    static const pid_t owner = ::getpid();
+    static std::string path = d;
+    std::atexit([] {
+      if (::getpid() == owner) {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+      }
+    });
+    return d;
+  }();
+  return dir;
+}
+
+// A failing worker's record: rank, time, kind, message.
+void write_error_record(const std::string& dir, int64_t rank, const std::string& kind, const std::string& message) {
+  const std::string path = dir + "/error-" + std::to_string(rank) + ".txt";
+  std::ofstream out(path + ".tmp");
+  out.precision(17);
+  out << now_seconds() << "\n" << kind << "\n" << message;
+  out.close();
+  std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+struct ErrorRecord {
+  bool present = false;
+  double time = 0;
+  std::string kind;
+  std::string message;
+};
+
+ErrorRecord read_error_record(const std::string& dir, int64_t rank) {
+  ErrorRecord r;
+  std::ifstream in(dir + "/error-" + std::to_string(rank) + ".txt");
+  if (!in) return r;
+  r.present = true;
+  std::string line;
+  std::getline(in, line);
+  r.time = std::atof(line.c_str());
+  std::getline(in, r.kind);
+  std::stringstream rest;
+  rest << in.rdbuf();
+  r.message = rest.str();
+  return r;
+}
+
+std::vector<std::string> own_argv() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> out;
+  std::string arg;
+  while (std::getline(in, arg, '\0')) out.push_back(arg);
+  return out;
+}
+
+[[noreturn]] void worker_exit(int code) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  ::_exit(code);
+}
+
+// Runs `fn` as this worker's part of a launch, reports, and exits.
+[[noreturn]] void run_worker(const WorkerFn& fn) {
+  const std::string dir = std::getenv(kLaunchDirEnv);
+  const int64_t rank = LightningEnvironment().global_rank();
+  try {
+    c10::IValue result = fn();
+    if (rank == 0) {
+      Checkpoint wrapped = make_dict();
+      wrapped.insert("result", result);
+      TorchCheckpointIO().save_checkpoint(wrapped, dir + "/result.pt");
+    }
+    worker_exit(0);
+  } catch (const WorkerFailure& e) {
+    write_error_record(dir, rank, "interrupted", e.what());
+    worker_exit(e.exit_code());
+  } catch (const std::exception& e) {
+    const bool collective = std::string(e.what()).find("collective #") != std::string::npos ||
+                            std::string(e.what()).find("rendezvous") != std::string::npos;
+    write_error_record(dir, rank, collective ? "collective" : "exception", e.what());
+    std::cerr << "fulgur: rank " << rank << " failed: " << e.what() << std::endl;
+    worker_exit(1);
+  } catch (...) {
+    write_error_record(dir, rank, "exception", "unknown exception");
+    worker_exit(1);
+  }
+}
+
+}  // namespace
+
+bool is_fulgur_worker() {
+  const char* v = std::getenv(kWorkerEnv);
+  return v && std::string(v) == "1";
+}
+
+MultiProcessLauncher::MultiProcessLauncher(MultiProcessLauncherOptions options) : options_(std::move(options)) {
+  if (options_.start_method != "fork" && options_.start_method != "spawn") {
+    throw std::invalid_argument("start_method '" + options_.start_method + "' is not known; valid: \"fork\", \"spawn\"");
+  }
+  if (options_.num_processes < 1) {
+    throw std::invalid_argument("num_processes=" + std::to_string(options_.num_processes) + " must be >= 1");
+  }
+}
+
+c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
+  if (is_fulgur_worker()) {
+    // A spawned worker replays the launches its parent made before this one.
+    const int64_t index = std::atoll(std::getenv(kLaunchIndexEnv));
+    const int64_t mine = g_launches++;
+    if (mine < index) {
+      const std::string earlier = fs::path(std::getenv(kLaunchDirEnv)).parent_path() / ("launch-" + std::to_string(mine)) / "result.pt";
+      return TorchCheckpointIO().load_checkpoint(earlier).at("result");
+    }
+    run_worker(fn);
+  }
+  if (LightningEnvironment::is_set()) return fn();  // an outside launcher made this process
+
+  const int64_t n = options_.num_processes;
+  const int64_t index = g_launches++;
+  const std::string dir = run_dir() + "/launch-" + std::to_string(index);
+  fs::create_directories(dir);
+  const int64_t world = n * options_.num_nodes;
+  std::map<std::string, std::string> env = runtime::thread_environment(n);
+  env[kWorkerEnv] = "1";
+  env[kLaunchDirEnv] = dir;
+  env[kLaunchIndexEnv] = std::to_string(index);
+  env["WORLD_SIZE"] = std::to_string(world);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(n);
+  env["NODE_RANK"] = std::to_string(options_.node_rank);
+  env["NUM_NODES"] = std::to_string(options_.num_nodes);
+  env["MASTER_ADDR"] = options_.main_address;
+  env["MASTER_PORT"] = std::to_string(options_.main_port);
+  if (options_.num_nodes == 1) env["FULGUR_STORE"] = dir + "/store";
+
+  const std::vector<std::string> argv = options_.start_method == "spawn" ? own_argv() : std::vector<std::string>{};
+  const pid_t parent = ::getpid();
+  std::vector<pid_t> pids(n, -1);
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  for (int64_t local = 0; local < n; ++local) {
+    const int64_t rank = options_.node_rank * n + local;
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error(std::string("launcher: fork failed: ") + std::strerror(errno));
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(1);
+      ::signal(SIGTERM, SIG_DFL);
+      ::signal(SIGINT, SIG_DFL);
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
+      if (options_.start_method == "spawn") {
+        std::vector<char*> args;
+        for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+        args.push_back(nullptr);
+        ::execv("/proc/self/exe", args.data());
+        std::fprintf(stderr, "fulgur: rank %lld: cannot re-execute the program: %s\n", static_cast<long long>(rank),
+                     std::strerror(errno));
+        ::_exit(127);
+      }
+      runtime::apply_thread_policy(n);
+      g_launches = static_cast<int>(index);
+      run_worker(fn);
+    }
+    pids[local] = pid;
+  }
+
+  // Supervise: the first failure stops the others.
+  runtime::StopSignalGuard signals;
+  struct Exit {
+    bool done = false;
+    int status = 0;
+    double time = 0;
+  };
+  std::vector<Exit> exits(n);
+  int64_t alive = n;
+  bool forwarded = false;
+  bool stopping = false;
+  auto stop_deadline = std::chrono::steady_clock::time_point::max();
+  while (alive > 0) {
+    if (!forwarded && runtime::received_stop_signal() != 0) {
+      forwarded = true;
+      for (int64_t i = 0; i < n; ++i)
+        if (!exits[i].done) ::kill(pids[i], runtime::received_stop_signal());
+    }
+    bool progressed = false;
+    for (int64_t i = 0; i < n; ++i) {
+      if (exits[i].done) continue;
+      int status = 0;
+      const pid_t r = ::waitpid(pids[i], &status, WNOHANG);
+      if (r != pids[i]) continue;
+      exits[i] = {true, status, now_seconds()};
+      --alive;
+      progressed = true;
+      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (failed && !stopping && !forwarded) {
+        stopping = true;
+        for (int64_t j = 0; j < n; ++j)
+          if (!exits[j].done) ::kill(pids[j], SIGTERM);
+        stop_deadline = std::chrono::steady_clock::now() + options_.grace_period;
+      }
+    }
+    if (alive > 0 && std::chrono::steady_clock::now() > stop_deadline) {
+      for (int64_t j = 0; j < n; ++j)
+        if (!exits[j].done) ::kill(pids[j], SIGKILL);
+      stop_deadline = std::chrono::steady_clock::time_point::max();
+    }
+    if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  runtime::clear_stop_signal();
+
+  bool all_ok = true;
+  for (const auto& e : exits) all_ok = all_ok && WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0;
+  if (all_ok) {
+    const std::string result = dir + "/result.pt";
+    if (options_.node_rank != 0) return c10::IValue();
+    return TorchCheckpointIO().load_checkpoint(result).at("result");
+  }
+
+  // Root cause: the earliest failure that is not a consequence of another
+  // (a collective error caused by a peer leaving, or our own SIGTERM).
+  struct Failure {
+    int64_t rank;
+    double time;
+    int priority;  // 0 root cause, 1 consequence
+    std::string how;
+    int code;
+  };
+  std::vector<Failure> failures;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t rank = options_.node_rank * n + i;
+    const int status = exits[i].status;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    ErrorRecord rec = read_error_record(dir, rank);
+    Failure f{rank, rec.present ? rec.time : exits[i].time, 0, "", 1};
+    if (WIFSIGNALED(status)) {
+      const int sig = WTERMSIG(status);
+      f.how = "was killed by " + signal_name(sig);
+      f.code = 128 + sig;
+      if (stopping && sig == SIGTERM) f.priority = 1;
+      if (stopping && sig == SIGKILL && exits[i].time > 0 && rec.present) f.priority = 1;
+    } else {
+      f.code = WEXITSTATUS(status);
+      f.how = "exited with code " + std::to_string(f.code);
+      if (rec.present && rec.kind == "collective") f.priority = 1;
+    }
+    if (rec.present) f.how += ": " + rec.message;
+    failures.push_back(f);
+  }
+  std::sort(failures.begin(), failures.end(), [](const Failure& a, const Failure& b) {
+    return a.priority != b.priority ? a.priority < b.priority : a.time < b.time;
+  });
+  const Failure& first = failures.front();
+  if (forwarded) {
+    const int sig = first.code > 128 ? first.code - 128 : SIGTERM;
+    throw WorkerFailure("job interrupted by " + signal_name(sig) + "; rank " + std::to_string(first.rank) + " " + first.how,
+                        static_cast<int>(first.rank), first.code);
+  }
+  std::ostringstream report;
+  report << "worker rank " << first.rank << " failed first: it " << first.how;
+  if (failures.size() > 1) {
+    report << " (then stopped: ";
+    for (size_t i = 1; i < failures.size(); ++i) report << (i > 1 ? ", " : "") << "rank " << failures[i].rank;
+    report << ")";
+  }
+  throw WorkerFailure(report.str(), static_cast<int>(first.rank), 1);
+}
+
+}  // namespace fulgur

@@ -1,0 +1,153 @@
+#include <fulgur/plugins/io/checkpoint_io.h>
+
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+
+namespace fs = std::filesystem;
+
+namespace fulgur {
+namespace {
+
+constexpr const char* kTempMarker = ".tmp-";
+
+[[noreturn]] void fail_errno(const std::string& what, const std::string& path) {
+  throw std::runtime_error("checkpoint: " + what + " " + path + ": " + std::strerror(errno));
+}
+
+void write_all(int fd, const char* data, size_t size, const std::string& path) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail_errno("cannot write", path);
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void fsync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+c10::IValue to_cpu(const c10::IValue& value) {
+  if (value.isTensor()) return value.toTensor().to(torch::kCPU);
+  if (value.isGenericDict()) {
+    auto in = value.toGenericDict();
+    c10::impl::GenericDict out(in.keyType(), in.valueType());
+    for (const auto& kv : in) out.insert(kv.key(), to_cpu(kv.value()));
+    return out;
+  }
+  if (value.isList()) {
+    auto in = value.toList();
+    c10::impl::GenericList out(in.elementType());
+    for (const auto& v : in) out.push_back(to_cpu(v));
+    return out;
+  }
+  if (value.isTuple()) {
+    std::vector<c10::IValue> items;
+    for (const auto& v : value.toTupleRef().elements()) items.push_back(to_cpu(v));
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  return value;
+}
+
+void TorchCheckpointIO::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
+                                        const StorageOptions& /*storage_options*/) {
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(checkpoint));
+  const fs::path target(path);
+  const fs::path dir = target.parent_path();
+  if (!dir.empty()) fs::create_directories(dir);
+  std::random_device rd;
+  const fs::path tmp = dir / ("." + target.filename().string() + kTempMarker + std::to_string(::getpid()) + "-" +
+                              std::to_string(rd()));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) fail_errno("cannot create", tmp.string());
+  try {
+    write_all(fd, bytes.data(), bytes.size(), tmp.string());
+    if (::fsync(fd) != 0) fail_errno("cannot fsync", tmp.string());
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    errno = err;
+    fail_errno("cannot rename " + tmp.string() + " to", path);
+  }
+  fsync_dir(dir);
+}
+
+Checkpoint TorchCheckpointIO::load_checkpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("checkpoint " + path + " does not exist or cannot be read");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    msg = msg.substr(0, msg.find('\n'));
+    throw std::runtime_error("checkpoint " + path + " is truncated or corrupt (" + std::to_string(bytes.size()) +
+                             " bytes): " + msg);
+  }
+  if (!value.isGenericDict() || !value.toGenericDict().keyType()->isSubtypeOf(*c10::StringType::get())) {
+    throw std::runtime_error("checkpoint " + path + " does not hold a dict with string keys (found " +
+                             value.tagKind() + ")");
+  }
+  return c10::impl::toTypedDict<std::string, c10::IValue>(value.toGenericDict());
+}
+
+void TorchCheckpointIO::remove_checkpoint(const std::string& path) {
+  std::error_code ec;
+  fs::remove(path, ec);
+}
+
+int TorchCheckpointIO::remove_stale_temporaries(const std::string& folder) {
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec)) return 0;
+  int removed = 0;
+  for (const auto& entry : fs::directory_iterator(folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    const auto at = name.rfind(kTempMarker);
+    if (name.empty() || name[0] != '.' || at == std::string::npos) continue;
+    // ".<name>.tmp-<pid>-<nonce>": keep files of a writer that is still alive.
+    const pid_t pid = static_cast<pid_t>(std::atol(name.c_str() + at + std::strlen(kTempMarker)));
+    if (pid > 0 && pid != ::getpid() && ::kill(pid, 0) == 0) continue;
+    if (fs::remove(entry.path(), ec)) ++removed;
+  }
+  return removed;
+}
+
+void XLACheckpointIO::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
+                                      const StorageOptions& storage_options) {
+  if (!storage_options.empty()) {
+    throw std::invalid_argument("XLACheckpointIO::save_checkpoint: storage_options are not supported (got " +
+                                std::to_string(storage_options.size()) + " entries, first '" +
+                                storage_options.begin()->first + "'); pass none");
+  }
+  auto cpu = c10::impl::toTypedDict<std::string, c10::IValue>(to_cpu(c10::IValue(checkpoint)).toGenericDict());
+  TorchCheckpointIO::save_checkpoint(cpu, path);
+}
+
+}  // namespace fulgur

@@ -1,0 +1,298 @@
+#include <fulgur/data/device_loader.h>
+#include <fulgur/strategies/ddp.h>
+#include <fulgur/trainer.h>
+
+#include "distributed/gradient_sync.h"
+#include "runtime/threads.h"
+#include "trainer/trainer_impl.h"
+#include "xla/backend.h"
+
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
+
+namespace fulgur {
+namespace {
+
+// all_gather whose backward sums, over ranks, the gradient flowing into this
+// rank's slice (torch.distributed.nn.functional.all_gather).
+struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, Collectives* c) {
+    ctx->saved_data["collectives"] = reinterpret_cast<int64_t>(c);
+    return c->all_gather(input.detach());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* c = reinterpret_cast<Collectives*>(ctx->saved_data["collectives"].toInt());
+    at::Tensor g = grads[0].contiguous().clone();
+    c->all_reduce(g, ReduceOp::kSum);
+    return {g[c->rank()], at::Tensor()};
+  }
+};
+
+bool env_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v;
+}
+
+}  // namespace
+
+// --- ParallelStrategy -----------------------------------------------------
+
+ParallelStrategy::ParallelStrategy(std::shared_ptr<Accelerator> accelerator, std::vector<int64_t> parallel_devices,
+                                   std::shared_ptr<CheckpointIO> checkpoint_io, std::shared_ptr<Precision> precision,
+                                   ParallelOptions options)
+    : Strategy(std::move(accelerator), std::move(checkpoint_io), std::move(precision)),
+      parallel_devices_(std::move(parallel_devices)), options_(std::move(options)) {
+  if (parallel_devices_.empty()) throw std::invalid_argument("ParallelStrategy: parallel_devices is empty");
+  if (options_.num_nodes < 1) throw std::invalid_argument("num_nodes=" + std::to_string(options_.num_nodes) + " must be >= 1");
+  MultiProcessLauncherOptions lo;
+  lo.num_processes = static_cast<int64_t>(parallel_devices_.size());
+  lo.num_nodes = options_.num_nodes;
+  lo.start_method = options_.start_method;
+  lo.grace_period = options_.grace_period;
+  LightningEnvironment env;
+  lo.node_rank = env.node_rank();
+  lo.main_address = env.main_address();
+  lo.main_port = env.main_port();
+  if (options_.num_nodes > 1 && (!env_set("MASTER_ADDR") || !env_set("MASTER_PORT"))) {
+    throw std::invalid_argument("num_nodes=" + std::to_string(options_.num_nodes) +
+                                " needs MASTER_ADDR and MASTER_PORT (the address and port of node 0's store) and "
+                                "NODE_RANK on every node");
+  }
+  if (lo.node_rank >= options_.num_nodes) {
+    throw std::invalid_argument("NODE_RANK=" + std::to_string(lo.node_rank) + " is outside [0, " +
+                                std::to_string(options_.num_nodes) + ")");
+  }
+  launcher_ = std::make_unique<MultiProcessLauncher>(lo);
+}
+
+ParallelStrategy::~ParallelStrategy() = default;
+
+Launcher* ParallelStrategy::launcher() { return launcher_.get(); }
+int64_t ParallelStrategy::global_rank() const { return launched_ ? rank_ : 0; }
+int64_t ParallelStrategy::local_rank() const { return launched_ ? local_rank_ : 0; }
+int64_t ParallelStrategy::node_rank() const { return launched_ ? node_rank_ : 0; }
+int64_t ParallelStrategy::world_size() const { return launched_ ? world_size_ : 1; }
+
+c10::Device ParallelStrategy::root_device() const { return accelerator_->device(local_rank()); }
+
+void ParallelStrategy::setup_environment() {
+  LightningEnvironment env;
+  rank_ = env.global_rank();
+  local_rank_ = env.local_rank();
+  node_rank_ = env.node_rank();
+  world_size_ = env.world_size();
+  const char* lws = std::getenv("LOCAL_WORLD_SIZE");
+  const int64_t local_world = lws && *lws ? std::atoll(lws) : static_cast<int64_t>(parallel_devices_.size());
+  runtime::apply_thread_policy(local_world);
+  RendezvousOptions ro;
+  ro.rank = rank_;
+  ro.world_size = world_size_;
+  ro.timeout = options_.timeout;
+  ro.debug = options_.debug;
+  if (const char* store = std::getenv("FULGUR_STORE"); store && *store) {
+    ro.store_path = store;
+  } else {
+    ro.host = env.main_address();
+    ro.port = env.main_port();
+    const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    ro.store_served_externally = agent && std::string(agent) == "True";
+    if (const char* bind = std::getenv("FULGUR_BIND_ADDRESS"); bind && *bind) ro.bind_address = bind;
+  }
+  collectives_ = Collectives::create(ro);
+  launched_ = true;
+  accelerator_->setup_device(root_device());
+}
+
+void ParallelStrategy::setup(Trainer& trainer) {
+  if (!model_) throw std::logic_error("Strategy::setup: no module connected");
+  precision().convert_module(*model_);
+  model_to_device();
+  if (options_.sync_module_states) sync_module_states();
+  Strategy::setup(trainer);
+}
+
+void ParallelStrategy::sync_module_states() {
+  if (!collectives_ || world_size() == 1) return;
+  torch::NoGradGuard no_grad;
+  std::map<c10::ScalarType, std::vector<at::Tensor>> groups;
+  for (auto& p : model_->parameters(true)) groups[p.scalar_type()].push_back(p);
+  for (auto& b : model_->buffers(true)) groups[b.scalar_type()].push_back(b);
+  for (auto& [dtype, ts] : groups) {
+    std::vector<at::Tensor> flat_parts;
+    for (auto& t : ts) flat_parts.push_back(t.to(torch::kCPU).reshape({-1}));
+    at::Tensor flat = torch::cat(flat_parts);
+    collectives_->broadcast(flat, 0);
+    int64_t off = 0;
+    for (auto& t : ts) {
+      t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()).to(t.device()));
+      off += t.numel();
+    }
+  }
+}
+
+void ParallelStrategy::teardown() {
+  if (collectives_) collectives_->shutdown();
+  collectives_.reset();
+  launched_ = false;
+  Strategy::teardown();
+}
+
+at::Tensor ParallelStrategy::reduce(const at::Tensor& tensor, const std::string& reduce_op) {
+  const ReduceOp op = parse_reduce_op(reduce_op);
+  if (!collectives_) return Strategy::reduce(tensor, reduce_op);
+  at::Tensor out = tensor.detach().clone();
+  collectives_->all_reduce(out, op);
+  return out.to(tensor.device());
+}
+
+at::Tensor ParallelStrategy::all_gather(const at::Tensor& tensor, bool sync_grads) {
+  if (!tensor.defined()) throw std::invalid_argument("all_gather: the tensor is undefined");
+  if (!collectives_) return tensor;
+  if (sync_grads) return AllGatherFn::apply(tensor, collectives_.get());
+  return collectives_->all_gather(tensor.detach());
+}
+
+c10::IValue ParallelStrategy::broadcast(const c10::IValue& value, int64_t src) {
+  if (!collectives_) return Strategy::broadcast(value, src);
+  if (src < 0 || src >= world_size()) {
+    throw std::invalid_argument("broadcast: src=" + std::to_string(src) + " is outside [0, " + std::to_string(world_size()) + ")");
+  }
+  // Tensors travel as CPU tensors and come back on this rank's device.
+  c10::IValue out = collectives_->broadcast_object(to_cpu(value), src);
+  if (global_rank() == src) return value;
+  const c10::Device dev = root_device();
+  if (dev.is_cpu()) return out;
+  std::function<c10::IValue(const c10::IValue&)> move = [&](const c10::IValue& v) -> c10::IValue {
+    if (v.isTensor()) return v.toTensor().to(dev);
+    if (v.isGenericDict()) {
+      auto in = v.toGenericDict();
+      c10::impl::GenericDict d(in.keyType(), in.valueType());
+      for (const auto& kv : in) d.insert(kv.key(), move(kv.value()));
+      return d;
+    }
+    if (v.isList()) {
+      c10::impl::GenericList l(v.toList().elementType());
+      for (const auto& e : v.toList()) l.push_back(move(e));
+      return l;
+    }
+    return v;
+  };
+  return move(out);
+}
+
+void ParallelStrategy::barrier(const std::string& name) {
+  if (collectives_) collectives_->barrier(name);
+}
+
+std::shared_ptr<BatchSource> ParallelStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {
+  auto dl = std::dynamic_pointer_cast<DataLoader>(loader);
+  if (!dl || world_size() == 1) return loader;
+  DistributedSampler::Options so;
+  so.num_replicas = world_size();
+  so.rank = global_rank();
+  so.shuffle = dl->options().shuffle();
+  so.seed = dl->options().seed();
+  so.drop_last = dl->options().drop_last();
+  return dl->with_sampler(std::make_shared<DistributedSampler>(dl->dataset()->size(), so));
+}
+
+void ParallelStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
+                                       const StorageOptions& storage_options) {
+  Strategy::save_checkpoint(checkpoint, path, storage_options);
+}
+
+// --- DDPStrategy ----------------------------------------------------------
+
+DDPStrategy::DDPStrategy(std::shared_ptr<Accelerator> accelerator, std::vector<int64_t> parallel_devices,
+                         std::shared_ptr<CheckpointIO> checkpoint_io, std::shared_ptr<Precision> precision,
+                         ParallelOptions options)
+    : ParallelStrategy(std::move(accelerator), std::move(parallel_devices), std::move(checkpoint_io),
+                       std::move(precision), std::move(options)) {}
+
+DDPStrategy::~DDPStrategy() = default;
+
+void DDPStrategy::setup(Trainer& trainer) {
+  ParallelStrategy::setup(trainer);
+  gradient_sync_.reset();
+  if (trainer.impl().stage == Stage::kFit && collectives_) gradient_sync_ = make_gradient_sync();
+}
+
+std::unique_ptr<detail::GradientSync> DDPStrategy::make_gradient_sync() {
+  return detail::make_bucket_reducer(detail::unique_trainable_parameters(*model_), collectives_);
+}
+
+void DDPStrategy::sync_gradients() {
+  if (gradient_sync_) gradient_sync_->finalize();
+}
+
+void DDPStrategy::set_gradient_sync(bool enabled) {
+  if (gradient_sync_) gradient_sync_->set_enabled(enabled);
+}
+
+void DDPStrategy::teardown() {
+  gradient_sync_.reset();
+  ParallelStrategy::teardown();
+}
+
+// --- XLAStrategy ----------------------------------------------------------
+
+namespace {
+
+std::shared_ptr<CheckpointIO> xla_io(std::shared_ptr<CheckpointIO> io) {
+  if (!io) return std::make_shared<XLACheckpointIO>();
+  if (!dynamic_cast<XLACheckpointIO*>(io.get())) {
+    throw std::invalid_argument("XLAStrategy: checkpoint_io must be an XLACheckpointIO (tensors must leave the xla "
+                                "device before writing); got another CheckpointIO");
+  }
+  return io;
+}
+
+std::shared_ptr<Precision> xla_precision(std::shared_ptr<Precision> p) {
+  if (!p) return std::make_shared<XLAPrecision>();
+  if (!dynamic_cast<XLAPrecision*>(p.get())) {
+    throw std::invalid_argument("XLAStrategy: precision plugin must be an XLAPrecision, got a plain Precision ('" +
+                                p->name() + "')");
+  }
+  return p;
+}
+
+}  // namespace
+
+XLAStrategy::XLAStrategy(std::vector<int64_t> parallel_devices, std::shared_ptr<CheckpointIO> checkpoint_io,
+                         std::shared_ptr<Precision> precision, ParallelOptions options)
+    : DDPStrategy(std::make_shared<XLAAccelerator>(), std::move(parallel_devices), xla_io(std::move(checkpoint_io)),
+                  xla_precision(std::move(precision)), std::move(options)) {}
+
+c10::Device XLAStrategy::root_device() const {
+  if (!launched_) throw std::runtime_error("Accessing the XLA device before processes have spawned is not allowed.");
+  return accelerator_->device(local_rank());
+}
+
+void XLAStrategy::mark_step() { xla::mark_step(); }
+
+std::unique_ptr<detail::GradientSync> XLAStrategy::make_gradient_sync() {
+  return detail::make_step_reducer(detail::unique_trainable_parameters(*model_), collectives_, [] { xla::mark_step(); });
+}
+
+std::shared_ptr<BatchSource> XLAStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {
+  if (std::dynamic_pointer_cast<DeviceLoader>(loader)) return loader;
+  return std::make_shared<DeviceLoader>(ParallelStrategy::process_dataloader(loader), root_device(),
+                                        [] { xla::mark_step(); });
+}
+
+void XLAStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
+                                  const StorageOptions& storage_options) {
+  mark_step();
+  ParallelStrategy::save_checkpoint(checkpoint, path, storage_options);
+}
+
+void XLAStrategy::teardown() {
+  if (launched_) mark_step();
+  DDPStrategy::teardown();
+}
+
+}  // namespace fulgur

@@ -1,0 +1,168 @@
+#include <fulgur/checkpoint.h>
+#include <fulgur/strategies/strategy.h>
+#include <fulgur/trainer.h>
+
+#include <fulgur/distributed/collectives.h>
+#include "trainer/optim_state.h"
+#include "trainer/trainer_impl.h"
+#include "xla/backend.h"
+#include "xla/module_mover.h"
+
+#include <torch/torch.h>
+
+#include <stdexcept>
+
+namespace fulgur {
+
+Strategy::Strategy(std::shared_ptr<Accelerator> accelerator, std::shared_ptr<CheckpointIO> checkpoint_io,
+                   std::shared_ptr<Precision> precision)
+    : accelerator_(std::move(accelerator)), checkpoint_io_(std::move(checkpoint_io)), precision_(std::move(precision)) {
+  if (!accelerator_) accelerator_ = std::make_shared<CPUAccelerator>();
+}
+
+Strategy::~Strategy() = default;
+
+Accelerator& Strategy::accelerator() const { return *accelerator_; }
+
+CheckpointIO& Strategy::checkpoint_io() {
+  if (!checkpoint_io_) checkpoint_io_ = std::make_shared<TorchCheckpointIO>();
+  return *checkpoint_io_;
+}
+
+Precision& Strategy::precision() {
+  if (!precision_) precision_ = std::make_shared<Precision>();
+  return *precision_;
+}
+
+void Strategy::connect(LightningModule& model) { model_ = &model; }
+
+void Strategy::setup_environment() { accelerator_->setup_device(root_device()); }
+
+void Strategy::setup(Trainer& trainer) {
+  if (!model_) throw std::logic_error("Strategy::setup: no module connected");
+  precision().convert_module(*model_);
+  model_to_device();
+  optimizer_config_ = OptimizerConfig();
+  if (trainer.impl().stage == Stage::kFit) {
+    optimizer_config_ = model_->configure_optimizers();
+    if (optimizer_config_.optimizers.empty()) {
+      throw std::invalid_argument(model_->name() + "::configure_optimizers returned no optimizer");
+    }
+    if (model_->automatic_optimization() && optimizer_config_.optimizers.size() > 1) {
+      throw std::invalid_argument(model_->name() + "::configure_optimizers returned " +
+                                  std::to_string(optimizer_config_.optimizers.size()) +
+                                  " optimizers; automatic optimization drives one. Use manual optimization for several");
+    }
+    for (const auto& s : optimizer_config_.schedulers) {
+      if (!s.scheduler) throw std::invalid_argument("configure_optimizers: a SchedulerConfig has no scheduler");
+      if (s.interval != "step" && s.interval != "epoch") {
+        throw std::invalid_argument("configure_optimizers: scheduler interval '" + s.interval +
+                                    "' is not known; valid: \"step\", \"epoch\"");
+      }
+    }
+    for (auto& o : optimizer_config_.optimizers) detail::optimizer_state_to_params_device(*o);
+  }
+}
+
+void Strategy::model_to_device() {
+  if (model_) move_module(*model_, root_device());
+}
+
+void Strategy::teardown() {
+  if (model_) move_module(*model_, c10::Device(c10::kCPU));
+  accelerator_->teardown();
+}
+
+void Strategy::on_train_batch_start(const Batch&, int64_t) {}
+
+StepOutput Strategy::training_step(const Batch& batch, int64_t batch_idx) {
+  return model_->training_step(precision().convert_input(batch), batch_idx);
+}
+
+StepOutput Strategy::validation_step(const Batch& batch, int64_t batch_idx) {
+  torch::NoGradGuard no_grad;
+  return model_->validation_step(precision().convert_input(batch), batch_idx);
+}
+
+StepOutput Strategy::test_step(const Batch& batch, int64_t batch_idx) {
+  torch::NoGradGuard no_grad;
+  return model_->test_step(precision().convert_input(batch), batch_idx);
+}
+
+at::Tensor Strategy::predict_step(const Batch& batch, int64_t batch_idx) {
+  torch::NoGradGuard no_grad;
+  return model_->predict_step(precision().convert_input(batch), batch_idx);
+}
+
+void Strategy::backward(const at::Tensor& loss) { loss.backward(); }
+
+void Strategy::optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
+                              const std::function<void()>& before_step) {
+  StepHooks hooks;
+  hooks.before_step = [&] {
+    sync_gradients();
+    if (before_step) before_step();
+  };
+  hooks.after_step = [this] { mark_step(); };
+  precision().optimizer_step(optimizer, closure, hooks);
+}
+
+at::Tensor Strategy::reduce(const at::Tensor& tensor, const std::string& reduce_op) {
+  const ReduceOp op = parse_reduce_op(reduce_op);
+  if (op == ReduceOp::kMean && !tensor.is_floating_point()) return tensor.to(torch::kFloat32);
+  return tensor;
+}
+
+c10::IValue Strategy::reduce(const c10::IValue& value, const std::string& reduce_op) {
+  parse_reduce_op(reduce_op);
+  if (value.isTensor()) return reduce(value.toTensor(), reduce_op);
+  return value;
+}
+
+at::Tensor Strategy::all_gather(const at::Tensor& tensor, bool /*sync_grads*/) { return tensor; }
+
+c10::IValue Strategy::broadcast(const c10::IValue& value, int64_t src) {
+  if (src != 0) {
+    throw std::invalid_argument("broadcast: src=" + std::to_string(src) + " is outside [0, " +
+                                std::to_string(world_size()) + ")");
+  }
+  return value;
+}
+
+void Strategy::barrier(const std::string&) {}
+
+bool Strategy::reduce_boolean_decision(bool decision, bool all) {
+  if (world_size() == 1) return decision;
+  auto t = torch::tensor(decision ? 1 : 0, torch::kInt32);
+  t = reduce(t, "sum");
+  const int64_t n = t.item<int64_t>();
+  return all ? n == world_size() : n > 0;
+}
+
+std::shared_ptr<BatchSource> Strategy::process_dataloader(std::shared_ptr<BatchSource> loader) { return loader; }
+
+void Strategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path, const StorageOptions& opts) {
+  if (is_global_zero()) checkpoint_io().save_checkpoint(checkpoint, path, opts);
+}
+
+Checkpoint Strategy::load_checkpoint(const std::string& path) { return checkpoint_io().load_checkpoint(path); }
+
+void Strategy::remove_checkpoint(const std::string& path) {
+  if (local_rank() == 0) checkpoint_io().remove_checkpoint(path);
+}
+
+c10::Dict<std::string, at::Tensor> Strategy::model_state_dict() const {
+  c10::Dict<std::string, at::Tensor> out;
+  if (!model_) return out;
+  for (const auto& kv : state_dict(*model_)) out.insert(kv.key(), kv.value().toTensor());
+  return out;
+}
+
+// --- SingleDeviceStrategy ---------------------------------------------------
+
+SingleDeviceStrategy::SingleDeviceStrategy(c10::Device device, std::shared_ptr<Accelerator> accelerator,
+                                           std::shared_ptr<CheckpointIO> checkpoint_io,
+                                           std::shared_ptr<Precision> precision)
+    : Strategy(std::move(accelerator), std::move(checkpoint_io), std::move(precision)), device_(device) {}
+
+}  // namespace fulgur

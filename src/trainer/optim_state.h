@@ -1,0 +1,21 @@
+#pragma once
+// Optimizer and scheduler state in the layout Python's optimizer.state_dict()
+// uses ({"state": {i: {...}}, "param_groups": [{..., "params": [i...]}]}), so a
+// fulgur checkpoint is readable from Python. SGD, Adam and AdamW are written
+// field by field; other optimizers are stored as an opaque libtorch archive.
+
+#include <ATen/core/ivalue.h>
+#include <torch/optim/optimizer.h>
+
+#include <string>
+
+namespace fulgur::detail {
+
+c10::IValue optimizer_state_dict(torch::optim::Optimizer& optimizer);
+// REQUIRES: `optimizer` is built over the same parameters as the saved one.
+// Throws std::runtime_error naming `where` and the mismatch.
+void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& state, const std::string& where);
+// Moves every state tensor of `optimizer` next to its parameter.
+void optimizer_state_to_params_device(torch::optim::Optimizer& optimizer);
+
+}  // namespace fulgur::detail

@@ -1,0 +1,94 @@
+#pragma once
+// The Trainer's state and loops (private to the library).
+
+#include <fulgur/trainer.h>
+
+#include "trainer/results.h"
+
+#include <functional>
+#include <memory>
+#include <optional>
+
+namespace fulgur {
+class Strategy;
+}
+
+namespace fulgur::detail {
+
+// Where a stage's loaders come from (called in the worker, after setup).
+struct StageData {
+  DataModule* datamodule = nullptr;
+  std::shared_ptr<BatchSource> train;
+  std::shared_ptr<BatchSource> val;
+  std::shared_ptr<BatchSource> eval;  // validate / test / predict
+};
+
+struct TrainerImpl {
+  TrainerImpl(Trainer& owner, TrainerOptions options);
+
+  // Runs `stage` on every rank (launching workers if the strategy does) and
+  // brings rank 0's results back into this process.
+  c10::IValue run(Stage stage, LightningModule& model, StageData data, const std::string& ckpt_path);
+
+  // --- inside a worker ---
+  c10::IValue run_in_worker(Stage stage, LightningModule& model, StageData data, const std::string& ckpt_path);
+  void fit_loop();
+  // Runs validation over `source`; returns the epoch metrics.
+  Metrics evaluation_loop(Stage stage, BatchSource& source, int64_t max_batches);
+  std::vector<at::Tensor> predict_loop(BatchSource& source, int64_t max_batches);
+  void training_batch(const Batch& batch, int64_t batch_idx);
+  void optimizer_step_automatic(const Batch& batch, int64_t batch_idx, StepOutput& out, bool sync_now);
+  void clip_gradients(torch::optim::Optimizer& optimizer);
+  void step_schedulers(const std::string& interval);
+  void log_step_metrics(bool force);
+  void log_epoch_metrics(const std::map<std::string, ResultCollection::EpochValue>& values, int64_t step);
+  void log(const std::string& name, const at::Tensor& value, const LogOptions& options);
+  bool stop_requested();
+
+  // --- checkpoints ---
+  Checkpoint dump_checkpoint();
+  void restore(const std::string& path);
+  std::string resolve_ckpt_path(const std::string& ckpt_path) const;
+
+  // --- results travelling from rank 0 to the launching process ---
+  c10::IValue make_result(const std::vector<at::Tensor>& predictions);
+  void apply_result(const c10::IValue& result);
+
+  void materialize_metrics() const;
+
+  Trainer& owner;
+  TrainerOptions options;
+  std::shared_ptr<Strategy> strategy;
+  std::vector<std::shared_ptr<Callback>> callbacks;
+  std::shared_ptr<Logger> logger;
+  int64_t max_epochs = 1000;
+  int64_t limit_overrides = 0;  // fast_dev_run batches, 0 = off
+
+  // Loop state.
+  LightningModule* model = nullptr;
+  Stage stage = Stage::kFit;
+  int64_t current_epoch = 0;
+  int64_t global_step = 0;
+  int64_t epoch_batches_done = 0;  // batches finished in current_epoch (resume position)
+  bool epoch_finished = false;
+  bool should_stop = false;
+  bool sanity_checking = false;
+  bool launched_once = false;
+  bool in_training_step = false;
+  int64_t num_training_batches = 0;
+  int64_t accumulated = 0;  // micro-batches since the last optimizer step
+  int64_t last_logged_step = -1;
+  std::shared_ptr<BatchSource> train_source;
+  std::shared_ptr<BatchSource> val_source;
+  int64_t current_batch_size = 1;
+  std::vector<int64_t> scheduler_counts;  // steps taken by each scheduler
+  std::vector<at::Tensor> predictions;
+
+  ResultCollection results;
+  mutable Metrics callback_metrics;
+  mutable std::map<std::string, at::Tensor> pending_callback_metrics;
+  mutable Metrics progress_bar_metrics;
+  std::map<std::string, at::Tensor> pending_prog_bar;
+};
+
+}  // namespace fulgur::detail

@@ -1,0 +1,144 @@
+#include "support.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace fulgur::testing {
+
+TempDir::TempDir() {
+  std::string tpl = (fs::temp_directory_path() / "fulgur-test-XXXXXX").string();
+  std::vector<char> buf(tpl.begin(), tpl.end());
+  buf.push_back('\0');
+  path = ::mkdtemp(buf.data());
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+std::string mnist_dir() {
+  const char* d = std::getenv("FULGUR_DATA_DIR");
+  return std::string(d ? d : "data") + "/mnist";
+}
+
+bool RankResult::exited_ok() const { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+std::vector<RankResult> run_ranks(int world, const std::function<void(Collectives&)>& fn, int timeout_s,
+                                  std::chrono::milliseconds collective_timeout) {
+  TempDir dir;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      at::set_num_threads(1);
+      std::string error;
+      try {
+        RendezvousOptions o;
+        o.rank = r;
+        o.world_size = world;
+        o.store_path = dir.path + "/store";
+        o.timeout = collective_timeout;
+        auto c = Collectives::create(o);
+        fn(*c);
+        c->shutdown();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      std::ofstream(dir.path + "/error-" + std::to_string(r)) << error;
+      std::fflush(nullptr);
+      ::_exit(error.empty() ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<RankResult> out(world);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  std::vector<bool> done(world, false);
+  int left = world;
+  while (left > 0) {
+    for (int r = 0; r < world; ++r) {
+      if (done[r]) continue;
+      if (::waitpid(pids[r], &out[r].status, WNOHANG) == pids[r]) {
+        done[r] = true;
+        --left;
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < world; ++r)
+        if (!done[r]) ::kill(pids[r], SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int r = 0; r < world; ++r) {
+    std::ifstream in(dir.path + "/error-" + std::to_string(r));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    out[r].error = ss.str();
+  }
+  return out;
+}
+
+TinyRegression::TinyRegression(double lr_in, int64_t in) : LightningModule("TinyRegression"), lr(lr_in) {
+  fc = register_module("fc", torch::nn::Linear(in, 1));
+}
+
+StepOutput TinyRegression::training_step(const Batch& b, int64_t) {
+  auto loss = torch::mse_loss(forward(b.data), b.target);
+  losses.push_back(loss.item<double>());
+  log("train_loss", loss, LogOptions().with_prog_bar(true));
+  return loss;
+}
+
+StepOutput TinyRegression::validation_step(const Batch& b, int64_t) {
+  auto loss = torch::mse_loss(forward(b.data), b.target);
+  log("val_loss", loss, LogOptions().with_sync_dist(true));
+  return loss;
+}
+
+OptimizerConfig TinyRegression::configure_optimizers() {
+  return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(lr));
+}
+
+std::shared_ptr<TensorDataset> regression_data(int64_t n, int64_t in, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto x = at::randn({n, in}, gen);
+  auto w = at::randn({in, 1}, gen);
+  auto y = x.matmul(w) + 0.1 * at::randn({n, 1}, gen);
+  return std::make_shared<TensorDataset>(x, y);
+}
+
+std::vector<int> processes_matching(const std::string& needle) {
+  std::vector<int> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const int pid = std::stoi(name);
+    if (pid == ::getpid()) continue;
+    std::ifstream in(e.path() / "cmdline", std::ios::binary);
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (auto& c : cmd)
+      if (c == '\0') c = ' ';
+    std::ifstream st(e.path() / "stat");
+    std::string stat;
+    std::getline(st, stat);
+    const auto close = stat.rfind(')');
+    const bool zombie = close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+    if (!zombie && cmd.find(needle) != std::string::npos) out.push_back(pid);
+  }
+  return out;
+}
+
+}  // namespace fulgur::testing

@@ -1,0 +1,56 @@
+#pragma once
+// Test helpers: temporary folders, real multi-process runs, small models.
+
+#include <fulgur/distributed/collectives.h>
+#include <fulgur/fulgur.h>
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace fulgur::testing {
+
+// A fresh empty folder, removed when the object goes away.
+struct TempDir {
+  TempDir();
+  ~TempDir();
+  std::string path;
+};
+
+// The MNIST folder (from FULGUR_DATA_DIR, set by CTest).
+std::string mnist_dir();
+
+struct RankResult {
+  int status = 0;           // waitpid status
+  std::string error;        // what the rank threw (empty if it returned)
+  bool exited_ok() const;
+};
+
+// Forks `world` processes; each joins a process group (file store in a
+// private folder, Gloo on loopback) and runs fn(collectives). A rank that
+// throws reports its message. Kills every rank still running after
+// `timeout_s` seconds.
+std::vector<RankResult> run_ranks(int world, const std::function<void(Collectives&)>& fn, int timeout_s = 60,
+                                  std::chrono::milliseconds collective_timeout = std::chrono::milliseconds(20000));
+
+// A linear regression module on random data: deterministic and fast.
+struct TinyRegression : LightningModule {
+  explicit TinyRegression(double lr = 0.1, int64_t in = 8);
+  torch::Tensor forward(const torch::Tensor& x) { return fc->forward(x); }
+  StepOutput training_step(const Batch& b, int64_t) override;
+  StepOutput validation_step(const Batch& b, int64_t) override;
+  OptimizerConfig configure_optimizers() override;
+  double lr;
+  torch::nn::Linear fc{nullptr};
+  std::vector<double> losses;  // every training loss, in order
+};
+
+// n samples of a fixed random linear problem.
+std::shared_ptr<TensorDataset> regression_data(int64_t n, int64_t in = 8, uint64_t seed = 0);
+
+// Processes whose command line contains `needle` (besides this one).
+std::vector<int> processes_matching(const std::string& needle);
+
+}  // namespace fulgur::testing

@@ -1,0 +1,242 @@
+// Collectives across real processes (fork, file store, Gloo on loopback).
+// Rank r contributes r, so sums are N(N-1)/2.
+
+#include "support.h"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+using namespace fulgur;
+using fulgur::testing::run_ranks;
+
+namespace {
+
+void expect_all_ok(const std::vector<fulgur::testing::RankResult>& rs) {
+  for (size_t r = 0; r < rs.size(); ++r) EXPECT_TRUE(rs[r].exited_ok()) << "rank " << r << ": " << rs[r].error;
+}
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("check failed: " + what);
+}
+
+}  // namespace
+
+TEST(Collectives, AllReduceEveryOp) {
+  for (int world : {2, 4}) {
+    auto rs = run_ranks(world, [world](Collectives& c) {
+      const double r = static_cast<double>(c.rank());
+      auto t = torch::full({3}, r);
+      c.all_reduce(t, ReduceOp::kSum);
+      require(t[0].item<double>() == world * (world - 1) / 2.0, "sum");
+      t = torch::full({3}, r);
+      c.all_reduce(t, ReduceOp::kMean);
+      require(t[1].item<double>() == (world - 1) / 2.0, "mean");
+      t = torch::full({1}, r);
+      c.all_reduce(t, ReduceOp::kMax);
+      require(t.item<double>() == world - 1, "max");
+      t = torch::full({1}, r);
+      c.all_reduce(t, ReduceOp::kMin);
+      require(t.item<double>() == 0, "min");
+      auto i = torch::full({1}, c.rank(), torch::kInt64);
+      c.all_reduce(i, ReduceOp::kMean);
+      require(i.is_floating_point() && i.item<double>() == (world - 1) / 2.0, "integer mean is floating point");
+    });
+    expect_all_ok(rs);
+  }
+}
+
+TEST(Collectives, AllGatherStacksAndKeepsZeroDim) {
+  auto rs = run_ranks(3, [](Collectives& c) {
+    auto g = c.all_gather(torch::full({2, 2}, static_cast<double>(c.rank())));
+    require(g.sizes() == c10::IntArrayRef({3, 2, 2}), "shape (world, batch, ...)");
+    for (int r = 0; r < 3; ++r) require(g[r][1][1].item<double>() == r, "rank order");
+    auto s = c.all_gather(torch::tensor(static_cast<double>(c.rank())));
+    require(s.sizes() == c10::IntArrayRef({3}), "0-dim gives (world,)");
+  });
+  expect_all_ok(rs);
+}
+
+TEST(Collectives, BroadcastObjectsOfDifferentSizes) {
+  auto rs = run_ranks(2, [](Collectives& c) {
+    // Payloads differ in length per rank; rank 1's wins.
+    auto d = make_dict();
+    d.insert("name", std::string(c.rank() == 1 ? "from rank one, longer" : "r0"));
+    d.insert("f16", torch::ones({2}, torch::kFloat16) * c.rank());
+    d.insert("i64", torch::tensor(int64_t(7 + c.rank())));
+    auto nested = make_dict();
+    nested.insert("list", c10::List<int64_t>({1, 2, c.rank()}));
+    d.insert("nested", nested);
+    auto out = c10::impl::toTypedDict<std::string, c10::IValue>(c.broadcast_object(d, 1).toGenericDict());
+    require(out.at("name").toStringRef() == "from rank one, longer", "string");
+    require(out.at("f16").toTensor().scalar_type() == torch::kFloat16, "dtype kept");
+    require(out.at("f16").toTensor()[0].item<double>() == 1.0, "tensor value");
+    require(out.at("i64").toTensor().dim() == 0 && out.at("i64").toTensor().item<int64_t>() == 8, "0-dim stays 0-dim");
+    auto l = c10::impl::toTypedDict<std::string, c10::IValue>(out.at("nested").toGenericDict()).at("list").toIntList();
+    require(l.get(2) == 1, "nested list");
+    auto t = torch::full({4}, static_cast<double>(c.rank()));
+    c.broadcast(t, 0);
+    require(t.sum().item<double>() == 0, "tensor broadcast");
+  });
+  expect_all_ok(rs);
+}
+
+TEST(Collectives, BadSrcIsRefused) {
+  auto rs = run_ranks(2, [](Collectives& c) {
+    try {
+      c.broadcast_object(c10::IValue(1), 2);
+    } catch (const std::invalid_argument& e) {
+      require(std::string(e.what()).find("src=2") != std::string::npos, e.what());
+      return;
+    }
+    throw std::runtime_error("no error for src=2");
+  });
+  expect_all_ok(rs);
+}
+
+TEST(Collectives, ShapeMismatchIsAnErrorOnEveryRankWithBothShapes) {
+  // Equal byte counts: 4 float32 against 2 float64.
+  auto rs = run_ranks(2, [](Collectives& c) {
+    auto t = c.rank() == 0 ? torch::ones({4}, torch::kFloat32) : torch::ones({2}, torch::kFloat64);
+    c.all_reduce(t, ReduceOp::kSum);
+  });
+  for (size_t r = 0; r < rs.size(); ++r) {
+    EXPECT_FALSE(rs[r].exited_ok());
+    EXPECT_TRUE(WIFEXITED(rs[r].status)) << "rank " << r << " must fail cleanly, not abort";
+    EXPECT_NE(rs[r].error.find("Float[4]"), std::string::npos) << rs[r].error;
+    EXPECT_NE(rs[r].error.find("Double[2]"), std::string::npos) << rs[r].error;
+    EXPECT_NE(rs[r].error.find("all_reduce"), std::string::npos) << rs[r].error;
+  }
+  auto ag = run_ranks(3, [](Collectives& c) { c.all_gather(torch::ones({c.rank() == 2 ? 8 : 4})); });
+  for (const auto& r : ag) EXPECT_NE(r.error.find("all_gather"), std::string::npos) << r.error;
+}
+
+TEST(Collectives, DifferentCollectivesAreDetected) {
+  auto rs = run_ranks(2, [](Collectives& c) {
+    auto t = torch::ones({2});
+    if (c.rank() == 0) {
+      c.all_reduce(t, ReduceOp::kSum);
+    } else {
+      c.broadcast(t, 0);
+    }
+  });
+  for (const auto& r : rs) {
+    EXPECT_NE(r.error.find("all_reduce"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("broadcast"), std::string::npos) << r.error;
+  }
+}
+
+TEST(Collectives, BarrierNamesMustAgree) {
+  auto ok = run_ranks(3, [](Collectives& c) { c.barrier("epoch-end"); });
+  expect_all_ok(ok);
+  auto rs = run_ranks(2, [](Collectives& c) { c.barrier(c.rank() == 0 ? "save" : "load"); });
+  for (const auto& r : rs) {
+    EXPECT_NE(r.error.find("barrier('save')"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("barrier('load')"), std::string::npos) << r.error;
+  }
+}
+
+TEST(Collectives, HungRankTimesOutNamingCollectiveAndRank) {
+  const auto start = std::chrono::steady_clock::now();
+  auto rs = run_ranks(
+      3,
+      [](Collectives& c) {
+        if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(4));
+        auto t = torch::ones({1});
+        c.all_reduce(t, ReduceOp::kSum);
+      },
+      30, std::chrono::milliseconds(1500));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(secs, 15);
+  for (int r : {0, 2}) {
+    EXPECT_NE(rs[r].error.find("all_reduce"), std::string::npos) << rs[r].error;
+    EXPECT_NE(rs[r].error.find("timed out"), std::string::npos) << rs[r].error;
+    EXPECT_NE(rs[r].error.find("did not arrive: [1]"), std::string::npos) << rs[r].error;
+  }
+}
+
+TEST(Collectives, PeerExitFailsTheOthersFast) {
+  const auto start = std::chrono::steady_clock::now();
+  auto rs = run_ranks(
+      2,
+      [](Collectives& c) {
+        auto t = torch::ones({1});
+        c.all_reduce(t, ReduceOp::kSum);
+        if (c.rank() == 1) ::_exit(3);
+        c.all_reduce(t, ReduceOp::kSum);
+        c.all_reduce(t, ReduceOp::kSum);
+      },
+      30, std::chrono::milliseconds(20000));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(secs, 10) << "rank 0 must not wait for the 20 s timeout";
+  EXPECT_FALSE(rs[0].exited_ok());
+  EXPECT_NE(rs[0].error.find("all_reduce"), std::string::npos) << rs[0].error;
+}
+
+TEST(Collectives, WorldSizeMismatchReportsHowManyJoined) {
+  // Three processes for a world of four: every rank gets "3/4 joined".
+  fulgur::testing::TempDir dir;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 3; ++r) {
+    if (pid_t pid = fork(); pid == 0) {
+      at::set_num_threads(1);
+      RendezvousOptions o;
+      o.rank = r;
+      o.world_size = 4;
+      o.store_path = dir.path + "/store";
+      o.timeout = std::chrono::milliseconds(1500);
+      try {
+        Collectives::create(o);
+      } catch (const CollectiveError& e) {
+        _exit(std::string(e.what()).find("3/4 joined") != std::string::npos ? 0 : 2);
+      }
+      _exit(1);
+    } else {
+      pids.push_back(pid);
+    }
+  }
+  for (auto pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  }
+}
+
+TEST(Collectives, RankOutOfRangeAndPortInUse) {
+  RendezvousOptions o;
+  o.rank = 4;
+  o.world_size = 4;
+  o.store_path = "/tmp/unused";
+  EXPECT_THROW(Collectives::create(o), std::invalid_argument);
+  // Hold a port, then ask the store to serve on it.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  RendezvousOptions t;
+  t.rank = 0;
+  t.world_size = 2;
+  t.host = "127.0.0.1";
+  t.port = port;
+  t.timeout = std::chrono::milliseconds(1000);
+  try {
+    Collectives::create(t);
+    FAIL() << "expected the port to be refused";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("port " + std::to_string(port)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+  }
+  close(fd);
+}

@@ -1,0 +1,117 @@
+#include "support.h"
+
+#include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/registry.h>
+
+#include <gtest/gtest.h>
+
+using namespace fulgur;
+
+namespace {
+
+// Runs f, expects std::invalid_argument whose message holds every needle.
+template <typename F>
+void expect_invalid(F&& f, std::vector<std::string> needles) {
+  try {
+    f();
+    ADD_FAILURE() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(Options, UnknownNamesListTheValidChoices) {
+  expect_invalid([] { Trainer t(TrainerOptions().accelerator("gpu")); }, {"'gpu'", "\"cpu\"", "\"xla\""});
+  expect_invalid([] { Trainer t(TrainerOptions().strategy("fsdp")); }, {"'fsdp'", "\"ddp\"", "\"xla\""});
+  expect_invalid([] { Trainer t(TrainerOptions().precision("8-bit")); }, {"'8-bit'", "\"bf16-true\""});
+  expect_invalid([] { Trainer t(TrainerOptions().precision("16-true")); }, {"'16-true'", "bf16-true"});
+}
+
+TEST(Options, BadDevices) {
+  XLAAccelerator xla;
+  CPUAccelerator cpu;
+  expect_invalid([&] { parse_devices("0", xla); }, {"devices='0'", "zero"});
+  expect_invalid([&] { parse_devices("-3", xla); }, {"devices='-3'", "negative"});
+  expect_invalid([&] { parse_devices("999", cpu); }, {"devices='999'", "more devices than exist"});
+  expect_invalid([&] { parse_devices("two", cpu); }, {"devices='two'", "allowed"});
+  expect_invalid([&] { parse_devices("0,0", cpu); }, {"twice"});
+  EXPECT_EQ(parse_devices("1", cpu), (std::vector<int64_t>{0}));
+  EXPECT_EQ(parse_devices("auto", cpu).size(), 1u);
+  EXPECT_EQ(parse_devices("0,1", xla), (std::vector<int64_t>{0, 1}));
+  expect_invalid([] { Trainer t(TrainerOptions().accelerator("cpu").devices(0)); }, {"devices='0'"});
+}
+
+TEST(Options, XlaNumDevicesDecidesAuto) {
+  setenv("XLA_NUM_DEVICES", "3", 1);
+  EXPECT_EQ(parse_devices("auto", XLAAccelerator()).size(), 3u);
+  setenv("XLA_NUM_DEVICES", "x", 1);
+  expect_invalid([] { XLAAccelerator().auto_device_count(); }, {"XLA_NUM_DEVICES='x'"});
+  unsetenv("XLA_NUM_DEVICES");
+}
+
+TEST(Options, LoopBounds) {
+  expect_invalid([] { Trainer t(TrainerOptions().max_epochs(-2)); }, {"max_epochs=-2"});
+  expect_invalid([] { Trainer t(TrainerOptions().max_steps(-5)); }, {"max_steps=-5"});
+  expect_invalid([] { Trainer t(TrainerOptions().accumulate_grad_batches(0)); }, {"accumulate_grad_batches=0"});
+  expect_invalid([] { Trainer t(TrainerOptions().limit_train_batches(1.5)); }, {"limit_train_batches"});
+  expect_invalid([] { Trainer t(TrainerOptions().gradient_clip_algorithm("l3")); }, {"'l3'", "\"norm\""});
+}
+
+TEST(Options, StrategyMustFitTheAccelerator) {
+  expect_invalid([] { Trainer t(TrainerOptions().accelerator("cpu").strategy("xla").devices(2)); },
+                 {"strategy 'xla'", "accelerator is 'cpu'"});
+  expect_invalid([] { Trainer t(TrainerOptions().accelerator("cpu").strategy("single_device").devices(2)); },
+                 {"single_device", "gives 2"});
+}
+
+TEST(Options, XlaStrategyRefusesForeignPlugins) {
+  expect_invalid([] { XLAStrategy s({0, 1}, std::make_shared<TorchCheckpointIO>()); }, {"XLACheckpointIO"});
+  expect_invalid([] { XLAStrategy s({0, 1}, nullptr, std::make_shared<Precision>()); }, {"XLAPrecision"});
+}
+
+TEST(Options, ReduceOpNames) {
+  EXPECT_EQ(parse_reduce_op("MEAN"), ReduceOp::kMean);
+  EXPECT_EQ(parse_reduce_op("avg"), ReduceOp::kMean);
+  EXPECT_EQ(parse_reduce_op("Sum"), ReduceOp::kSum);
+  EXPECT_EQ(parse_reduce_op("max"), ReduceOp::kMax);
+  expect_invalid([] { parse_reduce_op("median"); }, {"'median'", "\"sum\""});
+}
+
+TEST(Options, RanksAndBroadcastBeforeLaunch) {
+  XLAStrategy s({0, 1});
+  EXPECT_EQ(s.global_rank(), 0);
+  EXPECT_EQ(s.local_rank(), 0);
+  EXPECT_EQ(s.node_rank(), 0);
+  EXPECT_EQ(s.world_size(), 1);
+  try {
+    s.root_device();
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "Accessing the XLA device before processes have spawned is not allowed.");
+  }
+  auto t = torch::arange(3);
+  EXPECT_TRUE(torch::equal(s.all_gather(t), t));
+  EXPECT_EQ(s.broadcast(c10::IValue(std::string("x"))).toStringRef(), "x");
+  s.barrier("before launch");
+  // A non-tensor passes through reduce unchanged; a bad op is still refused.
+  EXPECT_EQ(s.Strategy::reduce(c10::IValue(int64_t(5)), "sum").toInt(), 5);
+  expect_invalid([&] { s.Strategy::reduce(c10::IValue(int64_t(5)), "nope"); }, {"'nope'"});
+  // The mean of an integer tensor is floating point.
+  EXPECT_TRUE(s.reduce(torch::tensor({1, 2}), "mean").is_floating_point());
+}
+
+TEST(Options, XlaCheckpointIORefusesStorageOptions) {
+  fulgur::testing::TempDir dir;
+  XLACheckpointIO io;
+  expect_invalid([&] { io.save_checkpoint(make_dict(), dir.path + "/x.ckpt", {{"compress", "1"}}); },
+                 {"storage_options", "compress"});
+}
+
+TEST(Options, CallbackOptions) {
+  expect_invalid([] { ModelCheckpoint m(ModelCheckpointOptions().mode("mid")); }, {"'mid'"});
+  expect_invalid([] { ModelCheckpoint m(ModelCheckpointOptions().save_top_k(-2)); }, {"save_top_k=-2"});
+  expect_invalid([] { EarlyStopping e(EarlyStoppingOptions("x").mode("up")); }, {"'up'"});
+  expect_invalid([] { LearningRateMonitor m("hour"); }, {"'hour'"});
+}

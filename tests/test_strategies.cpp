@@ -1,0 +1,200 @@
+// Strategies over real worker processes started by the launcher.
+
+#include "support.h"
+
+#include <fulgur/strategies/ddp.h>
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+
+using namespace fulgur;
+using fulgur::testing::regression_data;
+using fulgur::testing::TempDir;
+using fulgur::testing::TinyRegression;
+
+namespace {
+
+TrainerOptions opts(const std::string& root, const std::string& accelerator, const std::string& strategy, int devices) {
+  return TrainerOptions()
+      .accelerator(accelerator)
+      .strategy(strategy)
+      .devices(devices)
+      .default_root_dir(root)
+      .enable_progress_bar(false)
+      .num_sanity_val_steps(0)
+      .collective_timeout_ms(20000);
+}
+
+std::shared_ptr<DataLoader> loader(int64_t n, int64_t batch) {
+  return std::make_shared<DataLoader>(regression_data(n), DataLoaderOptions(batch).shuffle(true).seed(4));
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("in worker: " + what);
+}
+
+// Checks, inside the workers, the collectives the seed lists and that every
+// rank holds identical parameters at the end.
+struct Checked : TinyRegression {
+  StepOutput training_step(const Batch& b, int64_t i) override {
+    auto out = TinyRegression::training_step(b, i);
+    log("loss_mean", out.loss(), LogOptions().with_sync_dist(true));
+    return out;
+  }
+  void on_fit_start() override {
+    Strategy& s = trainer()->strategy();
+    const int64_t n = s.world_size();
+    const double r = static_cast<double>(s.global_rank());
+    check(n == trainer()->world_size() && n > 1, "world size after launch");
+    auto sum = s.reduce(torch::tensor(r), "sum");
+    check(sum.item<double>() == n * (n - 1) / 2.0, "reduce sum");
+    check(s.reduce(torch::tensor(r), "AVG").item<double>() == (n - 1) / 2.0, "reduce avg");
+    check(s.reduce(torch::tensor(r), "max").item<double>() == n - 1, "reduce max");
+    check(s.Strategy::reduce(c10::IValue(std::string("text")), "sum").toStringRef() == "text", "non-tensor passes");
+    auto g = s.all_gather(torch::full({2}, r));
+    check(g.sizes() == c10::IntArrayRef({n, 2}), "all_gather shape");
+    // sync_grads: d/dx_r of sum_k w_k * gathered_k, summed over ranks = n * w_r.
+    auto x = torch::full({2}, r + 1, torch::requires_grad());
+    auto gathered = s.all_gather(x, true);
+    auto w = torch::arange(1, n + 1, torch::kFloat32).view({n, 1});
+    (gathered * w).sum().backward();
+    check(torch::allclose(x.grad(), torch::full({2}, static_cast<float>(n * (r + 1)))), "all_gather sync_grads");
+    auto b = s.broadcast(c10::IValue(std::string(static_cast<size_t>(r) + 1, 'x')), 1);
+    check(b.toStringRef() == "xx", "broadcast from rank 1");
+    s.barrier("fit-start");
+  }
+  void on_fit_end() override {
+    std::vector<torch::Tensor> flat;
+    for (auto& p : parameters()) flat.push_back(p.detach().to(torch::kCPU).reshape({-1}));
+    auto all = trainer()->strategy().all_gather(torch::cat(flat));
+    for (int64_t r = 1; r < all.size(0); ++r) check(torch::equal(all[0], all[r]), "parameters identical on every rank");
+  }
+};
+
+torch::Tensor flat_params(torch::nn::Module& m) {
+  std::vector<torch::Tensor> flat;
+  for (auto& p : m.parameters()) flat.push_back(p.detach().reshape({-1}));
+  return torch::cat(flat);
+}
+
+void expect_same_training(const std::string& accelerator, const std::string& strategy, const std::string& start) {
+  TempDir dir;
+  torch::manual_seed(0);
+  Checked two;
+  torch::manual_seed(0);
+  TinyRegression one;
+  auto before = flat_params(two);
+  Trainer t2(opts(dir.path, accelerator, strategy, 2).max_epochs(2).start_method(start).enable_checkpointing(false));
+  t2.fit(two, loader(64, 4));
+  Trainer t1(opts(dir.path, accelerator, strategy == "xla" ? "single_xla" : "single_device", 1).max_epochs(2)
+                 .enable_checkpointing(false));
+  t1.fit(one, loader(64, 8));
+  EXPECT_FALSE(torch::equal(before, flat_params(two))) << "rank 0's weights came back to the caller";
+  EXPECT_TRUE(torch::allclose(flat_params(two), flat_params(one), 1e-5, 1e-6))
+      << flat_params(two) << "\n" << flat_params(one);
+  EXPECT_EQ(t2.global_step(), 16);
+  EXPECT_NEAR(t2.callback_metrics().at("loss_mean"), one.losses.back(), 1e-5);
+}
+
+}  // namespace
+
+TEST(Strategies, XlaTwoWorkersMatchOneWorkerWithTwiceTheBatch) { expect_same_training("xla", "xla", "fork"); }
+
+TEST(Strategies, DdpTwoWorkersMatchOneWorkerWithTwiceTheBatch) { expect_same_training("cpu", "ddp", "fork"); }
+
+TEST(Strategies, SpawnStartMethodReExecutesTheProgram) { expect_same_training("xla", "xla", "spawn"); }
+
+TEST(Strategies, FitTwiceIsRefused) {
+  TempDir dir;
+  TinyRegression m;
+  Trainer t(opts(dir.path, "xla", "xla", 2).max_steps(1).enable_checkpointing(false));
+  t.fit(m, loader(32, 4));
+  try {
+    t.fit(m, loader(32, 4));
+    FAIL();
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
+  }
+}
+
+// Rank `bad` fails at step 3: by throwing, or by SIGKILL.
+struct Faulty : TinyRegression {
+  Faulty(int bad, bool kill) : bad(bad), kill(kill) {}
+  StepOutput training_step(const Batch& b, int64_t i) override {
+    if (trainer()->global_rank() == bad && trainer()->global_step() == 3) {
+      if (kill) std::raise(SIGKILL);
+      throw std::runtime_error("boom at step 3");
+    }
+    return TinyRegression::training_step(b, i);
+  }
+  int bad;
+  bool kill;
+};
+
+TEST(Launcher, ThrowingRankStopsTheJobAndIsNamed) {
+  TempDir dir;
+  setenv("XLA_NUM_DEVICES", "4", 1);
+  Faulty m(2, false);
+  Trainer t(opts(dir.path, "xla", "xla", 4).max_epochs(5).enable_checkpointing(false));
+  unsetenv("XLA_NUM_DEVICES");
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    t.fit(m, loader(256, 4));
+    FAIL();
+  } catch (const WorkerFailure& e) {
+    EXPECT_EQ(e.rank(), 2) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("boom at step 3"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 15.0);
+  EXPECT_TRUE(fulgur::testing::processes_matching("test_strategies").empty());
+}
+
+TEST(Launcher, KilledRankIsReportedWithItsSignal) {
+  TempDir dir;
+  Faulty m(1, true);
+  Trainer t(opts(dir.path, "cpu", "ddp", 2).max_epochs(5).enable_checkpointing(false));
+  try {
+    t.fit(m, loader(256, 4));
+    FAIL();
+  } catch (const WorkerFailure& e) {
+    EXPECT_EQ(e.rank(), 1) << e.what();
+    EXPECT_NE(std::string(e.what()).find("SIGKILL"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fulgur::testing::processes_matching("test_strategies").empty());
+}
+
+// Writes go through this IO, which records which rank wrote.
+struct RecordingIO : XLACheckpointIO {
+  explicit RecordingIO(std::string log) : log(std::move(log)) {}
+  void save_checkpoint(const Checkpoint& c, const std::string& path, const StorageOptions& o) override {
+    std::ofstream(log, std::ios::app) << getenv("RANK") << "\n";
+    XLACheckpointIO::save_checkpoint(c, path, o);
+  }
+  std::string log;
+};
+
+TEST(Strategies, CheckpointIsWrittenOnceByRankZeroWithCpuTensors) {
+  TempDir dir;
+  auto strategy = std::make_shared<XLAStrategy>(std::vector<int64_t>{0, 1},
+                                                std::make_shared<RecordingIO>(dir.path + "/writes.txt"));
+  TinyRegression m;
+  auto ckpt = std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().dirpath(dir.path + "/ck"));
+  Trainer t(TrainerOptions().strategy_object(strategy).max_epochs(1).default_root_dir(dir.path)
+                .enable_progress_bar(false).callbacks({ckpt}));
+  t.fit(m, loader(32, 4));
+  std::ifstream in(dir.path + "/writes.txt");
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  EXPECT_EQ(lines, (std::vector<std::string>{"0"}));
+  EXPECT_EQ(ckpt->best_model_path(), dir.path + "/ck/epoch=0-step=4.ckpt");
+  Checkpoint c = TorchCheckpointIO().load_checkpoint(ckpt->best_model_path());
+  auto sd = c10::impl::toTypedDict<std::string, c10::IValue>(c.at("state_dict").toGenericDict());
+  EXPECT_TRUE(sd.at("fc.weight").toTensor().device().is_cpu());
+  TinyRegression loaded;
+  load_from_checkpoint(loaded, ckpt->best_model_path());
+  EXPECT_TRUE(torch::equal(loaded.fc->weight, m.fc->weight));
+}

@@ -1,0 +1,443 @@
+#include "support.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+using namespace fulgur;
+using fulgur::testing::regression_data;
+using fulgur::testing::TempDir;
+using fulgur::testing::TinyRegression;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+TrainerOptions quiet(const std::string& root) {
+  return TrainerOptions()
+      .accelerator("cpu")
+      .devices(1)
+      .default_root_dir(root)
+      .enable_progress_bar(false)
+      .num_sanity_val_steps(0);
+}
+
+std::shared_ptr<DataLoader> loader(int64_t n, int64_t batch, bool shuffle = false) {
+  return std::make_shared<DataLoader>(regression_data(n), DataLoaderOptions(batch).shuffle(shuffle).seed(3));
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST(Loops, EpochsStepsAndLimits) {
+  TempDir dir;
+  TinyRegression m;
+  Trainer t(quiet(dir.path).max_epochs(3).limit_train_batches(4).enable_checkpointing(false));
+  t.fit(m, loader(80, 8));
+  EXPECT_EQ(t.global_step(), 12);
+  EXPECT_EQ(t.current_epoch(), 3);
+  EXPECT_EQ(m.losses.size(), 12u);
+
+  TinyRegression m2;
+  Trainer t2(quiet(dir.path).max_epochs(-1).max_steps(7).enable_checkpointing(false));
+  t2.fit(m2, loader(80, 8));
+  EXPECT_EQ(t2.global_step(), 7);
+  EXPECT_EQ(t2.current_epoch(), 0);
+
+  TinyRegression m3;
+  Trainer t3(quiet(dir.path).max_epochs(1).limit_train_batches(0.5).enable_checkpointing(false));
+  t3.fit(m3, loader(80, 8));
+  EXPECT_EQ(t3.global_step(), 5);
+}
+
+TEST(Loops, LossFallsOnALinearProblem) {
+  TempDir dir;
+  TinyRegression m(0.05);
+  Trainer t(quiet(dir.path).max_epochs(5).enable_checkpointing(false));
+  t.fit(m, loader(256, 16, true));
+  EXPECT_LT(m.losses.back(), 0.2 * m.losses.front());
+}
+
+// Counts how often validation ran.
+struct CountingModule : TinyRegression {
+  StepOutput validation_step(const Batch& b, int64_t i) override {
+    ++val_batches;
+    return TinyRegression::validation_step(b, i);
+  }
+  void on_validation_epoch_end() override { ++val_runs; }
+  int val_batches = 0;
+  int val_runs = 0;
+};
+
+TEST(Loops, ValidationIntervalAndSanityCheck) {
+  TempDir dir;
+  CountingModule m;
+  Trainer t(quiet(dir.path).max_epochs(2).val_check_interval(int64_t(5)).limit_val_batches(2).num_sanity_val_steps(1)
+                .enable_checkpointing(false));
+  t.fit(m, loader(80, 8), loader(40, 8));
+  // 10 batches an epoch, validation every 5: 2 per epoch, plus one sanity run of 1 batch.
+  EXPECT_EQ(m.val_runs, 5);
+  EXPECT_EQ(m.val_batches, 1 + 4 * 2);
+
+  CountingModule m2;
+  Trainer t2(quiet(dir.path).max_epochs(4).check_val_every_n_epoch(2).enable_checkpointing(false));
+  t2.fit(m2, loader(16, 8), loader(16, 8));
+  EXPECT_EQ(m2.val_runs, 2);
+}
+
+TEST(Loops, AccumulationEqualsALargerBatch) {
+  TempDir dir;
+  torch::manual_seed(0);
+  TinyRegression a;
+  torch::manual_seed(0);
+  TinyRegression b;
+  ASSERT_TRUE(torch::equal(a.fc->weight, b.fc->weight));
+  Trainer ta(quiet(dir.path).max_epochs(1).accumulate_grad_batches(2).enable_checkpointing(false));
+  ta.fit(a, loader(32, 4));
+  Trainer tb(quiet(dir.path).max_epochs(1).enable_checkpointing(false));
+  tb.fit(b, loader(32, 8));
+  EXPECT_EQ(ta.global_step(), 4);
+  EXPECT_EQ(tb.global_step(), 4);
+  EXPECT_TRUE(torch::allclose(a.fc->weight, b.fc->weight, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(a.fc->bias, b.fc->bias, 1e-5, 1e-6));
+}
+
+// Records the gradient norm the optimizer sees.
+struct GradProbe : TinyRegression {
+  GradProbe() : TinyRegression(1e-9) {}
+  StepOutput training_step(const Batch& b, int64_t i) override {
+    return (TinyRegression::training_step(b, i).loss() * 1000.0);
+  }
+  void on_before_optimizer_step(torch::optim::Optimizer&) override {}
+  OptimizerConfig configure_optimizers() override { return std::make_shared<Probe>(parameters(), this); }
+  struct Probe : torch::optim::SGD {
+    Probe(std::vector<torch::Tensor> p, GradProbe* o) : torch::optim::SGD(p, torch::optim::SGDOptions(0.0)), owner(o) {}
+    torch::Tensor step(LossClosure c) override {
+      double sq = 0, mx = 0;
+      for (auto& g : param_groups())
+        for (auto& p : g.params()) {
+          sq += p.grad().pow(2).sum().item<double>();
+          mx = std::max(mx, p.grad().abs().max().item<double>());
+        }
+      owner->norms.push_back(std::sqrt(sq));
+      owner->maxes.push_back(mx);
+      return torch::optim::SGD::step(c);
+    }
+    GradProbe* owner;
+  };
+  std::vector<double> norms, maxes;
+};
+
+TEST(Loops, GradientClippingByNormAndValue) {
+  TempDir dir;
+  GradProbe n;
+  Trainer tn(quiet(dir.path).max_steps(3).gradient_clip_val(0.5).enable_checkpointing(false));
+  tn.fit(n, loader(64, 8));
+  for (double v : n.norms) EXPECT_NEAR(v, 0.5, 1e-3);
+  GradProbe v;
+  Trainer tv(quiet(dir.path).max_steps(3).gradient_clip_val(0.25).gradient_clip_algorithm("value").enable_checkpointing(false));
+  tv.fit(v, loader(64, 8));
+  for (double m : v.maxes) EXPECT_LE(m, 0.25 + 1e-7);
+}
+
+struct NoLoss : TinyRegression {
+  StepOutput training_step(const Batch&, int64_t) override { return {}; }
+};
+
+TEST(Loops, TrainingStepWithoutLossIsAnError) {
+  TempDir dir;
+  NoLoss m;
+  Trainer t(quiet(dir.path).max_steps(1).enable_checkpointing(false));
+  try {
+    t.fit(m, loader(16, 8));
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("training_step returned nothing"), std::string::npos) << e.what();
+  }
+}
+
+struct Manual : TinyRegression {
+  Manual() { set_automatic_optimization(false); }
+  StepOutput training_step(const Batch& b, int64_t) override {
+    auto opt = optimizers().at(0);
+    opt.zero_grad();
+    auto loss = torch::mse_loss(forward(b.data), b.target);
+    manual_backward(loss);
+    opt.step();
+    ++steps;
+    return {};
+  }
+  int steps = 0;
+};
+
+TEST(Loops, ManualOptimization) {
+  TempDir dir;
+  Manual m;
+  auto before = m.fc->weight.clone();
+  Trainer t(quiet(dir.path).max_epochs(1).enable_checkpointing(false));
+  t.fit(m, loader(32, 8));
+  EXPECT_EQ(m.steps, 4);
+  EXPECT_EQ(t.global_step(), 4);
+  EXPECT_FALSE(torch::equal(before, m.fc->weight));
+}
+
+// Logs known values so the aggregates can be checked by hand.
+struct Logs : TinyRegression {
+  StepOutput training_step(const Batch& b, int64_t i) override {
+    log("k", static_cast<double>(i), LogOptions().with_on_step(true).with_on_epoch(true));
+    log("kmax", static_cast<double>(i), LogOptions().with_on_step(false).with_on_epoch(true).with_reduce_fx("max"));
+    return TinyRegression::training_step(b, i);
+  }
+};
+
+TEST(Logging, StepAndEpochValuesAndMetricsCsv) {
+  TempDir dir;
+  Logs m;
+  Trainer t(quiet(dir.path).max_epochs(1).log_every_n_steps(2).enable_checkpointing(false));
+  t.fit(m, loader(32, 8));
+  const auto& cm = t.callback_metrics();
+  // Batches 0..3, equal sizes: mean 1.5, max 3; the last step value is 3.
+  EXPECT_DOUBLE_EQ(cm.at("k_epoch"), 1.5);
+  EXPECT_DOUBLE_EQ(cm.at("k"), 1.5);
+  EXPECT_DOUBLE_EQ(cm.at("kmax"), 3.0);
+  EXPECT_DOUBLE_EQ(cm.at("k_step"), 3.0);
+  const std::string csv = read(dir.path + "/lightning_logs/version_0/metrics.csv");
+  std::istringstream lines(csv);
+  std::string header;
+  std::getline(lines, header);
+  EXPECT_EQ(header, "epoch,k_epoch,k_step,kmax,train_loss,step");
+  int rows = 0;
+  for (std::string line; std::getline(lines, line);) ++rows;
+  EXPECT_EQ(rows, 3);  // steps 2 and 4, plus the epoch row
+  EXPECT_TRUE(fs::exists(dir.path + "/lightning_logs/version_0/hparams.yaml"));
+  // A second run takes the next version.
+  Logs m2;
+  Trainer t2(quiet(dir.path).max_epochs(1).enable_checkpointing(false));
+  t2.fit(m2, loader(16, 8));
+  EXPECT_TRUE(fs::exists(dir.path + "/lightning_logs/version_1/metrics.csv"));
+}
+
+TEST(Logging, NonScalarValueIsRefused) {
+  struct Bad : TinyRegression {
+    StepOutput training_step(const Batch& b, int64_t i) override {
+      log("vec", torch::ones({3}));
+      return TinyRegression::training_step(b, i);
+    }
+  } m;
+  TempDir dir;
+  Trainer t(quiet(dir.path).max_steps(1).enable_checkpointing(false));
+  EXPECT_THROW(t.fit(m, loader(16, 8)), std::invalid_argument);
+}
+
+TEST(ProgressBar, PlainLinesOffATerminal) {
+  TempDir dir;
+  std::ostringstream out;
+  ProgressBarOptions po;
+  po.stream = &out;
+  po.terminal = false;
+  po.print_every = 2;
+  TinyRegression m;
+  Trainer t(quiet(dir.path).max_epochs(1).enable_checkpointing(false).callbacks({std::make_shared<ProgressBar>(po)}));
+  t.fit(m, loader(32, 8));
+  const std::string s = out.str();
+  EXPECT_NE(s.find("Epoch 0: 2/4 (50%)"), std::string::npos) << s;
+  EXPECT_NE(s.find("Epoch 0: 4/4 (100%)"), std::string::npos) << s;
+  EXPECT_NE(s.find("train_loss="), std::string::npos) << s;
+  EXPECT_EQ(s.find('\r'), std::string::npos);
+}
+
+TEST(ProgressBar, RedrawsOneLineOnATerminal) {
+  TempDir dir;
+  std::ostringstream out;
+  ProgressBarOptions po;
+  po.stream = &out;
+  po.terminal = true;
+  TinyRegression m;
+  Trainer t(quiet(dir.path).max_epochs(1).enable_checkpointing(false).callbacks({std::make_shared<ProgressBar>(po)}));
+  t.fit(m, loader(32, 8));
+  const std::string s = out.str();
+  EXPECT_NE(s.find("\rEpoch 0: 1/4"), std::string::npos);
+  EXPECT_EQ(std::count(s.begin(), s.end(), '\n'), 1);
+}
+
+// Logs a chosen validation score per epoch.
+struct Scored : TinyRegression {
+  explicit Scored(std::vector<double> s) : scores(std::move(s)) {}
+  StepOutput validation_step(const Batch&, int64_t) override {
+    log("score", scores.at(current_epoch()));
+    return {};
+  }
+  std::vector<double> scores;
+};
+
+TEST(ModelCheckpoint, KeepsTopKAndLast) {
+  TempDir dir;
+  Scored m({0.5, 0.2, 0.9, 0.1, 0.3});
+  auto ckpt = std::make_shared<ModelCheckpoint>(
+      ModelCheckpointOptions().dirpath(dir.path + "/ck").monitor("score").save_top_k(2).save_last(true).filename("{epoch}-{score:.2f}"));
+  Trainer t(quiet(dir.path).max_epochs(5).callbacks({ckpt}));
+  t.fit(m, loader(16, 8), loader(8, 8));
+  std::set<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir.path + "/ck")) files.insert(e.path().filename().string());
+  EXPECT_EQ(files, (std::set<std::string>{"epoch=1-score=0.20.ckpt", "epoch=3-score=0.10.ckpt", "last.ckpt"}));
+  EXPECT_EQ(ckpt->best_model_path(), dir.path + "/ck/epoch=3-score=0.10.ckpt");
+  EXPECT_DOUBLE_EQ(*ckpt->best_model_score(), 0.1);
+  // last.ckpt is the newest state, loadable.
+  Checkpoint last = TorchCheckpointIO().load_checkpoint(dir.path + "/ck/last.ckpt");
+  EXPECT_EQ(last.at("epoch").toInt(), 4);
+}
+
+TEST(ModelCheckpoint, MonitorNeverLoggedIsAClearError) {
+  TempDir dir;
+  TinyRegression m;
+  auto ckpt = std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().monitor("val_acc"));
+  Trainer t(quiet(dir.path).max_epochs(1).callbacks({ckpt}));
+  try {
+    t.fit(m, loader(16, 8), loader(8, 8));
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("monitor='val_acc'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("val_loss"), std::string::npos) << e.what();
+  }
+}
+
+TEST(EarlyStopping, StopsAfterPatience) {
+  TempDir dir;
+  Scored m({1.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0});
+  auto es = std::make_shared<EarlyStopping>(EarlyStoppingOptions("score").patience(2));
+  Trainer t(quiet(dir.path).max_epochs(7).enable_checkpointing(false).callbacks({es}));
+  t.fit(m, loader(16, 8), loader(8, 8));
+  // Best at epoch 1; epochs 2 and 3 do not improve: stop after epoch 3.
+  EXPECT_EQ(t.current_epoch(), 4);
+  EXPECT_EQ(es->stopped_epoch(), 3);
+  EXPECT_DOUBLE_EQ(es->best_score(), 0.5);
+}
+
+TEST(EarlyStopping, MissingMetricIsAnErrorWhenStrict) {
+  TempDir dir;
+  TinyRegression m;
+  auto es = std::make_shared<EarlyStopping>(EarlyStoppingOptions("nope"));
+  Trainer t(quiet(dir.path).max_epochs(2).enable_checkpointing(false).callbacks({es}));
+  EXPECT_THROW(t.fit(m, loader(16, 8), loader(8, 8)), std::runtime_error);
+}
+
+TEST(Checkpoint, ResumeGivesTheLossesOfAnUninterruptedRun) {
+  TempDir dir;
+  auto make = [] {
+    torch::manual_seed(1);
+    auto m = std::make_shared<TinyRegression>(0.05);
+    return m;
+  };
+  auto full = make();
+  Trainer tf(quiet(dir.path + "/a").max_epochs(3).seed(9).enable_checkpointing(false));
+  tf.fit(*full, loader(48, 8, true));
+  ASSERT_EQ(full->losses.size(), 18u);
+
+  // Stop after 8 steps (mid-epoch 1), save, resume in a new trainer.
+  auto first = make();
+  Trainer t1(quiet(dir.path + "/b").max_epochs(3).max_steps(8).seed(9).enable_checkpointing(false));
+  t1.fit(*first, loader(48, 8, true));
+  t1.save_checkpoint(dir.path + "/mid.ckpt");
+  auto second = make();
+  Trainer t2(quiet(dir.path + "/b").max_epochs(3).seed(9).enable_checkpointing(false));
+  t2.fit(*second, loader(48, 8, true), nullptr, dir.path + "/mid.ckpt");
+  std::vector<double> joined = first->losses;
+  joined.insert(joined.end(), second->losses.begin(), second->losses.end());
+  ASSERT_EQ(joined.size(), full->losses.size());
+  for (size_t i = 0; i < joined.size(); ++i) EXPECT_DOUBLE_EQ(joined[i], full->losses[i]) << "step " << i;
+}
+
+TEST(Checkpoint, LastFindsTheNewestAndMissingStartsFresh) {
+  TempDir dir;
+  TinyRegression m;
+  Trainer t(quiet(dir.path).max_epochs(1).callbacks({std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().save_last(true))}));
+  t.fit(m, loader(16, 8));
+  TinyRegression m2;
+  Trainer t2(quiet(dir.path).max_epochs(2).enable_checkpointing(false));
+  t2.fit(m2, loader(16, 8), nullptr, "last");
+  EXPECT_EQ(m2.losses.size(), 2u);  // epoch 0 came from the checkpoint
+  TempDir empty;
+  TinyRegression m3;
+  Trainer t3(quiet(empty.path).max_epochs(1).enable_checkpointing(false));
+  t3.fit(m3, loader(16, 8), nullptr, "last");
+  EXPECT_EQ(m3.losses.size(), 2u);
+}
+
+TEST(Checkpoint, CorruptAndForeignCheckpointsNameFileAndKey) {
+  TempDir dir;
+  TinyRegression m;
+  Trainer t(quiet(dir.path).max_steps(1).enable_checkpointing(false));
+  t.fit(m, loader(16, 8));
+  const std::string good = dir.path + "/good.ckpt";
+  t.save_checkpoint(good);
+  // Truncated.
+  const std::string cut = dir.path + "/cut.ckpt";
+  fs::copy_file(good, cut);
+  fs::resize_file(cut, fs::file_size(good) / 2);
+  TinyRegression m2;
+  Trainer t2(quiet(dir.path).max_steps(2).enable_checkpointing(false));
+  try {
+    t2.fit(m2, loader(16, 8), nullptr, cut);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(cut), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("truncated or corrupt"), std::string::npos) << e.what();
+  }
+  // Another model: different shapes.
+  TinyRegression wide(0.1, 5);
+  Trainer t3(quiet(dir.path).max_steps(2).enable_checkpointing(false));
+  auto wide_loader = std::make_shared<DataLoader>(regression_data(16, 5), DataLoaderOptions(8));
+  try {
+    t3.fit(wide, wide_loader, nullptr, good);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'fc.weight'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(good), std::string::npos) << e.what();
+  }
+  // Missing and extra keys; strict=false loads what matches.
+  auto sd = make_dict();
+  sd.insert("fc.weight", torch::zeros({1, 8}));
+  sd.insert("head.bias", torch::zeros({1}));
+  TinyRegression m4;
+  try {
+    load_state_dict(m4, sd, true, "ckpt X");
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing key 'fc.bias'"), std::string::npos) << e.what();
+  }
+  auto warnings = load_state_dict(m4, sd, false, "ckpt X");
+  EXPECT_EQ(warnings.size(), 2u);
+  EXPECT_TRUE(torch::equal(m4.fc->weight, torch::zeros({1, 8})));
+}
+
+TEST(Checkpoint, AtomicWriteLeavesNoTemporaryAndCleansStaleOnes) {
+  TempDir dir;
+  TorchCheckpointIO io;
+  auto c = make_dict();
+  c.insert("x", torch::arange(10));
+  io.save_checkpoint(c, dir.path + "/a.ckpt");
+  for (const auto& e : fs::directory_iterator(dir.path)) EXPECT_EQ(e.path().filename(), "a.ckpt");
+  // A temporary from a dead writer (pid 999999 does not exist) is removed.
+  std::ofstream(dir.path + "/.a.ckpt.tmp-999999-1") << "partial";
+  EXPECT_EQ(TorchCheckpointIO::remove_stale_temporaries(dir.path), 1);
+  EXPECT_FALSE(fs::exists(dir.path + "/.a.ckpt.tmp-999999-1"));
+}
+
+TEST(Predict, ReturnsOnePredictionPerBatch) {
+  struct P : TinyRegression {
+    torch::Tensor predict_step(const Batch& b, int64_t) override { return forward(b.data); }
+  } m;
+  TempDir dir;
+  Trainer t(quiet(dir.path));
+  auto preds = t.predict(m, loader(20, 8));
+  ASSERT_EQ(preds.size(), 3u);
+  EXPECT_EQ(preds[2].size(0), 4);
+}
