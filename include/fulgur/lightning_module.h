@@ -33,7 +33,7 @@ namespace fulgur {
 
 class Trainer;
 
-// A checkpoint: Lightning's dict layout (see docs/CHECKPOINTS.md).
+// A checkpoint: Lightning's dict layout (see docs/ARCHITECTURE.md, "Checkpoints").
 using Checkpoint = c10::Dict<std::string, c10::IValue>;
 
 // An empty dict of string keys and any values (c10::Dict<std::string,

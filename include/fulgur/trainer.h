@@ -56,7 +56,7 @@ struct TrainerOptions {
 
  public:
   TrainerOptions& devices(int64_t n) { devices_ = std::to_string(n); return *this; }
-  // "auto", "single_device", "ddp", "xla", "xla_debug".
+  // "auto", "single_device", "single_xla", "ddp", "xla", "xla_debug".
   TORCH_ARG(std::string, strategy) = "auto";
   // A configured strategy object; overrides `strategy`, `accelerator`, `devices`.
   TORCH_ARG(std::shared_ptr<Strategy>, strategy_object) = nullptr;

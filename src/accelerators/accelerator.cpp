@@ -66,7 +66,7 @@ void XLAAccelerator::teardown() {
 
 std::shared_ptr<Accelerator> make_accelerator(const std::string& name) {
   if (name == "cpu") return std::make_shared<CPUAccelerator>();
-  if (name == "xla" || name == "auto" || name == "tpu") return std::make_shared<XLAAccelerator>();
+  if (name == "xla" || name == "auto") return std::make_shared<XLAAccelerator>();
   throw std::invalid_argument("accelerator '" + name + "' is not known; valid: \"cpu\", \"xla\", \"auto\"");
 }
 

@@ -77,7 +77,6 @@ class PrefetchStream : public BatchStream {
 
  private:
   void work(int64_t first, int64_t stride) {
-    c10::InferenceMode guard;
     for (size_t i = first; i < batches_.size(); i += stride) {
       {
         std::unique_lock<std::mutex> lock(mu_);

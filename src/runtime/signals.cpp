@@ -19,6 +19,7 @@ void on_signal(int sig) {
 
 StopSignalGuard::StopSignalGuard() {
   if (g_depth++ > 0) return;
+  g_signal.store(0);
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);

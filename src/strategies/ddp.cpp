@@ -107,12 +107,8 @@ void ParallelStrategy::setup_environment() {
   accelerator_->setup_device(root_device());
 }
 
-void ParallelStrategy::setup(Trainer& trainer) {
-  if (!model_) throw std::logic_error("Strategy::setup: no module connected");
-  precision().convert_module(*model_);
-  model_to_device();
+void ParallelStrategy::setup_module_states() {
   if (options_.sync_module_states) sync_module_states();
-  Strategy::setup(trainer);
 }
 
 void ParallelStrategy::sync_module_states() {
@@ -196,7 +192,7 @@ std::shared_ptr<BatchSource> ParallelStrategy::process_dataloader(std::shared_pt
   so.rank = global_rank();
   so.shuffle = dl->options().shuffle();
   so.seed = dl->options().seed();
-  so.drop_last = dl->options().drop_last();
+  so.drop_last = false;  // as Lightning: the sampler pads; the loader's drop_last applies to batches
   return dl->with_sampler(std::make_shared<DistributedSampler>(dl->dataset()->size(), so));
 }
 
@@ -216,7 +212,7 @@ DDPStrategy::DDPStrategy(std::shared_ptr<Accelerator> accelerator, std::vector<i
 DDPStrategy::~DDPStrategy() = default;
 
 void DDPStrategy::setup(Trainer& trainer) {
-  ParallelStrategy::setup(trainer);
+  Strategy::setup(trainer);
   gradient_sync_.reset();
   if (trainer.impl().stage == Stage::kFit && collectives_) gradient_sync_ = make_gradient_sync();
 }

@@ -42,6 +42,7 @@ void Strategy::setup(Trainer& trainer) {
   if (!model_) throw std::logic_error("Strategy::setup: no module connected");
   precision().convert_module(*model_);
   model_to_device();
+  setup_module_states();
   optimizer_config_ = OptimizerConfig();
   if (trainer.impl().stage == Stage::kFit) {
     optimizer_config_ = model_->configure_optimizers();
@@ -109,7 +110,7 @@ void Strategy::optimizer_step(torch::optim::Optimizer& optimizer, const std::fun
 
 at::Tensor Strategy::reduce(const at::Tensor& tensor, const std::string& reduce_op) {
   const ReduceOp op = parse_reduce_op(reduce_op);
-  if (op == ReduceOp::kMean && !tensor.is_floating_point()) return tensor.to(torch::kFloat32);
+  if (op == ReduceOp::kMean && !tensor.is_floating_point()) return tensor.to(torch::kFloat64);
   return tensor;
 }
 

@@ -247,9 +247,9 @@ void TrainerImpl::training_batch(const Batch& batch, int64_t batch_idx) {
     out = strategy->training_step(batch, batch_idx);
     in_training_step = false;
   }
+  log_step_metrics(false);
   model->on_train_batch_end(out, batch, batch_idx);
   for (auto& c : callbacks) c->on_train_batch_end(owner, *model, out, batch, batch_idx);
-  log_step_metrics(false);
 }
 
 bool TrainerImpl::stop_requested() {
@@ -570,6 +570,7 @@ c10::IValue TrainerImpl::make_result(const std::vector<at::Tensor>& preds) {
     r.insert("best_model_path", mc->best_model_path());
     r.insert("checkpoint_callback", mc->state_dict());
   }
+  if (logger && strategy->is_global_zero()) r.insert("logger_version", logger->version());
   c10::List<at::Tensor> p;
   for (const auto& t : preds) p.push_back(t);
   r.insert("predictions", p);
@@ -592,6 +593,9 @@ void TrainerImpl::apply_result(const c10::IValue& value) {
   }
   predictions.clear();
   for (const auto& t : r.at("predictions").toTensorList()) predictions.push_back(t);
+  if (auto* csv = dynamic_cast<CSVLogger*>(logger.get()); csv && r.contains("logger_version")) {
+    csv->set_version(std::stoll(r.at("logger_version").toStringRef()));
+  }
 }
 
 c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, StageData data, const std::string& ckpt_path) {

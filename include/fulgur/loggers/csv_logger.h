@@ -25,6 +25,8 @@ class CSVLogger : public Logger {
   void save() override;
   void finalize(const std::string& status) override;
   const std::string& root_dir() const { return root_dir_; }
+  // Fixes the version (the launcher uses it to adopt rank 0's choice).
+  void set_version(int64_t version) { version_ = version; }
 
  private:
   std::string root_dir_;

@@ -51,7 +51,7 @@ class ParallelStrategy : public Strategy {
   const std::shared_ptr<Collectives>& collectives() const { return collectives_; }
 
   void setup_environment() override;
-  void setup(Trainer& trainer) override;
+  void setup_module_states() override;
   void teardown() override;
 
   at::Tensor reduce(const at::Tensor& tensor, const std::string& reduce_op = "mean") override;

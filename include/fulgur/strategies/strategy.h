@@ -49,6 +49,8 @@ class Strategy {
   virtual void setup(Trainer& trainer);
   // Parameters and buffers onto root_device(); tied weights stay tied.
   virtual void model_to_device();
+  // After the module is on its device: make replicas agree (parallel strategies).
+  virtual void setup_module_states() {}
   // Releases process group, device state; moves the module back to the CPU.
   virtual void teardown();
   const OptimizerConfig& optimizer_config() const { return optimizer_config_; }
