@@ -13,7 +13,7 @@ namespace {
 
 class DeviceStream : public BatchStream {
  public:
-  DeviceStream(std::unique_ptr<BatchStream> inner, c10::Device device, std::function<void()> before_batch,
+  DeviceStream(std::unique_ptr<BatchStream> inner, c10::Device device, DeviceLoader::BeforeBatch before_batch,
                int64_t depth)
       : inner_(std::move(inner)), device_(device), before_batch_(std::move(before_batch)), depth_(depth) {
     thread_ = std::thread([this] { run(); });
@@ -35,7 +35,7 @@ class DeviceStream : public BatchStream {
     queue_.pop_front();
     lock.unlock();
     cv_.notify_all();
-    if (before_batch_) before_batch_();
+    if (before_batch_) before_batch_(b);
     return b;
   }
 
@@ -66,7 +66,7 @@ class DeviceStream : public BatchStream {
 
   std::unique_ptr<BatchStream> inner_;
   c10::Device device_;
-  std::function<void()> before_batch_;
+  DeviceLoader::BeforeBatch before_batch_;
   int64_t depth_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -79,7 +79,7 @@ class DeviceStream : public BatchStream {
 
 }  // namespace
 
-DeviceLoader::DeviceLoader(std::shared_ptr<BatchSource> inner, c10::Device device, std::function<void()> before_batch,
+DeviceLoader::DeviceLoader(std::shared_ptr<BatchSource> inner, c10::Device device, DeviceLoader::BeforeBatch before_batch,
                            int64_t prefetch)
     : inner_(std::move(inner)), device_(device), before_batch_(std::move(before_batch)), prefetch_(prefetch) {
   if (!inner_) throw std::invalid_argument("DeviceLoader: the wrapped loader is null");

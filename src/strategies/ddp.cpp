@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <iostream>
 #include <map>
 #include <stdexcept>
 
@@ -277,7 +278,10 @@ std::unique_ptr<detail::GradientSync> XLAStrategy::make_gradient_sync() {
 std::shared_ptr<BatchSource> XLAStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {
   if (std::dynamic_pointer_cast<DeviceLoader>(loader)) return loader;
   return std::make_shared<DeviceLoader>(ParallelStrategy::process_dataloader(loader), root_device(),
-                                        [] { xla::mark_step(); });
+                                        [](const Batch& b) {
+    xla::note_inputs({b.data, b.target});
+    xla::mark_step();
+  });
 }
 
 void XLAStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
@@ -288,6 +292,7 @@ void XLAStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::strin
 
 void XLAStrategy::teardown() {
   if (launched_) mark_step();
+  if (options_.debug && is_global_zero()) std::cerr << xla::metrics_report() << std::endl;
   DDPStrategy::teardown();
 }
 

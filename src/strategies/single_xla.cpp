@@ -50,7 +50,10 @@ void SingleDeviceXLAStrategy::save_checkpoint(const Checkpoint& checkpoint, cons
 
 std::shared_ptr<BatchSource> SingleDeviceXLAStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {
   if (std::dynamic_pointer_cast<DeviceLoader>(loader)) return loader;
-  return std::make_shared<DeviceLoader>(loader, root_device(), [] { xla::mark_step(); });
+  return std::make_shared<DeviceLoader>(loader, root_device(), [](const Batch& b) {
+    xla::note_inputs({b.data, b.target});
+    xla::mark_step();
+  });
 }
 
 void SingleDeviceXLAStrategy::teardown() {

@@ -1,7 +1,9 @@
 #include "xla/backend.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 
 namespace fulgur::xla {
@@ -12,6 +14,7 @@ class EagerBackend : public Backend {
   std::string name() const override { return "eager"; }
   c10::Device device() const override { return c10::Device(c10::kCPU); }
   void mark_step() override {}
+  // metrics(): the zeros of Backend::metrics.
 };
 
 std::unique_ptr<Backend>& instance() {
@@ -22,6 +25,32 @@ std::unique_ptr<Backend>& instance() {
 }  // namespace
 
 std::unique_ptr<Backend> make_lazy_backend();  // lazy_backend.cpp
+
+std::string Backend::metrics_report() const {
+  const Metrics m = metrics();
+  std::ostringstream o;
+  char buf[64];
+  o << "fulgur xla metrics (backend: " << name() << ", device: " << device() << ")\n";
+  o << "  mark_steps:       " << m.mark_steps << "\n";
+  o << "  graphs compiled:  " << m.graphs_compiled << "\n";
+  o << "  cache hits:       " << m.cache_hits << "\n";
+  std::snprintf(buf, sizeof buf, "%.3f", m.compile_seconds);
+  o << "  compile seconds:  " << buf << "  (mark_steps that compiled a graph, their execution included)\n";
+  std::snprintf(buf, sizeof buf, "%.3f", m.execute_seconds);
+  o << "  execute seconds:  " << buf << "  (the other mark_steps)\n";
+  o << "  eager fallbacks:  ";
+  if (m.eager_fallbacks.empty()) o << "none";
+  bool first = true;
+  for (const auto& [op, n] : m.eager_fallbacks) {
+    o << (first ? "" : ", ") << op << "=" << n;
+    first = false;
+  }
+  o << "\n";
+  if (m.eager_fallbacks.count("aten::_local_scalar_dense")) {
+    o << "    (aten::_local_scalar_dense is item(); the others ran on the CPU outside the graph)\n";
+  }
+  return o.str();
+}
 
 Backend& backend() {
   static std::mutex mu;
@@ -45,6 +74,17 @@ bool backend_started() { return instance() != nullptr; }
 
 void mark_step() {
   if (backend_started()) instance()->mark_step();
+}
+
+Metrics metrics() { return backend_started() ? instance()->metrics() : Metrics{}; }
+
+std::string metrics_report() {
+  if (!backend_started()) return "fulgur xla metrics: the xla backend has not started\n";
+  return instance()->metrics_report();
+}
+
+void note_inputs(const std::vector<at::Tensor>& inputs) {
+  if (backend_started()) instance()->note_inputs(inputs);
 }
 
 }  // namespace fulgur::xla

@@ -4,12 +4,32 @@
 // CPU tensors; the lazy backend (torch::lazy, TorchScript) records
 // operations into graphs that a step mark compiles (cached) and runs.
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace fulgur::xla {
+
+// Counters of the backend, cumulative over the life of the process (they
+// survive Backend::reset()). The eager backend reports zeros.
+struct Metrics {
+  int64_t graphs_compiled = 0;  // graphs compiled (torch::lazy UncachedCompile)
+  int64_t cache_hits = 0;       // graph executions found in the compile cache (CachedCompile)
+  int64_t mark_steps = 0;       // calls of Backend::mark_step
+  // Ops that ran eagerly on the CPU outside the graph, with their call counts
+  // ("aten::nonzero" -> 3). "aten::_local_scalar_dense" comes from item().
+  std::map<std::string, int64_t> eager_fallbacks;
+  // Wall time of mark_step calls that compiled a graph (execution included),
+  // and of the ones that did not. Work synced outside mark_step (item(),
+  // .to(kCPU) of a pending tensor) is not timed.
+  double compile_seconds = 0.0;
+  double execute_seconds = 0.0;
+};
 
 class Backend {
  public:
@@ -21,6 +41,14 @@ class Backend {
   virtual void mark_step() = 0;
   // Drops cached graphs and device data.
   virtual void reset() {}
+  virtual Metrics metrics() const { return Metrics{}; }
+  // Readable text: the numbers of metrics(), plus backend details.
+  virtual std::string metrics_report() const;
+  // The inputs of the step about to be traced (the batch tensors). Only their
+  // shapes and dtypes are kept; they name what changed when a graph is
+  // recompiled after warm-up. Call it before the mark_step that precedes the
+  // step (DeviceLoader does).
+  virtual void note_inputs(const std::vector<at::Tensor>& inputs) {}
 };
 
 // The backend of this process; started on first use from FULGUR_XLA_BACKEND
@@ -28,5 +56,11 @@ class Backend {
 Backend& backend();
 bool backend_started();
 void mark_step();
+
+// These do not start the backend: before it starts, metrics() is all zeros,
+// metrics_report() says so and note_inputs() does nothing.
+Metrics metrics();
+std::string metrics_report();
+void note_inputs(const std::vector<at::Tensor>& inputs);
 
 }  // namespace fulgur::xla

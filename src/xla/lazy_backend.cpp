@@ -1,18 +1,250 @@
+// The lazy backend: torch::lazy with the TorchScript backend (libtorch 1.13).
+// Operations on c10::kLazy tensors are recorded; mark_step() compiles the
+// pending graph (or takes it from the compile cache, keyed by graph hash) and
+// runs it. The TorchScript backend's device data is CPU memory.
+//
+// 1.13 has no compile/execute time metrics, so mark_step times itself and
+// counts a step as a compile step when the UncachedCompile counter grew.
+
 #include "xla/backend.h"
+
+#include <torch/torch.h>
+
+#include <torch/csrc/lazy/backend/backend_device.h>
+#include <torch/csrc/lazy/core/lazy_graph_executor.h>
+#include <torch/csrc/lazy/core/metrics.h>
+#include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <set>
+#include <sstream>
 
 namespace fulgur::xla {
 namespace {
 
-// Placeholder until the torch::lazy backend lands: xla devices run eagerly.
-class PendingLazyBackend : public Backend {
+// A compile after this many steps (noted batches, or mark_steps when no batch
+// was noted) is a recompilation worth a warning.
+constexpr int64_t kWarmupSteps = 5;
+// After this many recompilations with batch input shapes seen before, one
+// warning that the graph itself keeps changing.
+constexpr int64_t kUnexplainedRecompiles = 10;
+
+int64_t counter(const char* name) {
+  auto* c = torch::lazy::GetCounter(name);
+  return c ? c->Value() : 0;
+}
+
+std::map<std::string, int64_t> fallback_counters() {
+  std::map<std::string, int64_t> out;
+  for (const auto& n : torch::lazy::GetCounterNames()) {
+    if (n.rfind("aten::", 0) != 0) continue;
+    const int64_t v = counter(n.c_str());
+    if (v > 0) out[n] = v;
+  }
+  return out;
+}
+
+// Shapes and dtypes of a step's inputs.
+struct Signature {
+  std::vector<std::string> shapes;
+  std::vector<c10::ScalarType> dtypes;
+  bool empty() const { return shapes.empty(); }
+  std::string key() const {
+    std::string k;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      k += shapes[i];
+      k += c10::toString(dtypes[i]);
+      k += ';';
+    }
+    return k;
+  }
+};
+
+Signature signature_of(const std::vector<at::Tensor>& inputs) {
+  Signature s;
+  for (const auto& t : inputs) {
+    if (!t.defined()) {
+      s.shapes.emplace_back("undefined");
+      s.dtypes.push_back(c10::ScalarType::Undefined);
+      continue;
+    }
+    std::ostringstream o;
+    o << t.sizes();  // "[64, 1, 28, 28]"
+    s.shapes.push_back(o.str());
+    s.dtypes.push_back(t.scalar_type());
+  }
+  return s;
+}
+
+// "from [64, 1, 28, 28] to [17, 1, 28, 28]", naming only the inputs that differ.
+std::string describe_change(const Signature& from, const Signature& to) {
+  auto item = [](const Signature& s, size_t i, bool with_dtype) {
+    std::string r = s.shapes[i];
+    if (with_dtype && s.dtypes[i] != c10::ScalarType::Undefined) r += std::string(" ") + c10::toString(s.dtypes[i]);
+    return r;
+  };
+  auto join = [&](const Signature& s, const std::vector<size_t>& idx, bool with_dtype) {
+    std::string r;
+    for (size_t j = 0; j < idx.size(); ++j) r += (j ? ", " : "") + item(s, idx[j], with_dtype);
+    return r;
+  };
+  if (from.empty()) {
+    std::vector<size_t> all(to.shapes.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    return "batch input shapes are " + join(to, all, false);
+  }
+  std::vector<size_t> a, b;
+  bool dtype_changed = false;
+  if (from.shapes.size() == to.shapes.size()) {
+    for (size_t i = 0; i < to.shapes.size(); ++i) {
+      if (from.shapes[i] != to.shapes[i] || from.dtypes[i] != to.dtypes[i]) a.push_back(i);
+      dtype_changed = dtype_changed || from.dtypes[i] != to.dtypes[i];
+    }
+    b = a;
+  } else {
+    for (size_t i = 0; i < from.shapes.size(); ++i) a.push_back(i);
+    for (size_t i = 0; i < to.shapes.size(); ++i) b.push_back(i);
+  }
+  return std::string("batch input ") + (dtype_changed ? "shapes/dtypes" : "shapes") + " changed from " +
+         join(from, a, dtype_changed) + " to " + join(to, b, dtype_changed);
+}
+
+class LazyBackend : public Backend {
  public:
-  std::string name() const override { return "eager"; }
-  c10::Device device() const override { return c10::Device(c10::kCPU); }
-  void mark_step() override {}
+  LazyBackend() {
+    static std::once_flag once;
+    std::call_once(once, [] { torch::lazy::InitTorchScriptBackend(); });
+    seen_uncached_ = counter("UncachedCompile");
+  }
+
+  std::string name() const override { return "lazy"; }
+  c10::Device device() const override { return c10::Device(c10::kLazy, 0); }
+
+  void mark_step() override {
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      torch::lazy::BackendDevice dev;  // the default device of the backend (lazy:0)
+      auto* ex = torch::lazy::LazyGraphExecutor::Get();
+      ex->SyncLiveTensorsGraph(&dev, /*devices=*/{}, /*wait=*/true);
+      ex->MarkStep(dev);
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int64_t uncached = counter("UncachedCompile");
+
+    std::lock_guard<std::mutex> lock(mu_);
+    ++mark_steps_;
+    ++mark_steps_since_reset_;
+    const bool compiled = uncached > seen_uncached_;
+    seen_uncached_ = uncached;
+    (compiled ? compile_seconds_ : execute_seconds_) += dt;
+    if (compiled) on_compile(uncached);
+  }
+
+  void reset() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Keep the cumulative numbers and the last report; then drop the compiled
+    // graphs and zero torch::lazy's counters.
+    last_report_ = torch::lazy::CreateMetricReport();
+    base_compiled_ += counter("UncachedCompile");
+    base_hits_ += counter("CachedCompile");
+    for (const auto& [op, n] : fallback_counters()) base_fallbacks_[op] += n;
+    if (auto* cache = torch::lazy::LazyGraphExecutor::Get()->GetComputationCache()) cache->Clear();
+    torch::lazy::MetricsArena::Get()->Reset();
+    seen_uncached_ = counter("UncachedCompile");
+    steps_noted_ = 0;
+    mark_steps_since_reset_ = 0;
+    current_ = Signature{};
+    previous_ = Signature{};
+    compiled_signatures_.clear();
+    unexplained_ = 0;
+  }
+
+  Metrics metrics() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Metrics m;
+    m.graphs_compiled = base_compiled_ + counter("UncachedCompile");
+    m.cache_hits = base_hits_ + counter("CachedCompile");
+    m.mark_steps = mark_steps_;
+    m.eager_fallbacks = base_fallbacks_;
+    for (const auto& [op, n] : fallback_counters()) m.eager_fallbacks[op] += n;
+    m.compile_seconds = compile_seconds_;
+    m.execute_seconds = execute_seconds_;
+    return m;
+  }
+
+  std::string metrics_report() const override {
+    std::string r = Backend::metrics_report();
+    r += "--- torch::lazy metrics ---\n";
+    r += torch::lazy::CreateMetricReport();
+    std::string last;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last = last_report_;
+    }
+    if (!last.empty()) r += "--- torch::lazy metrics before the last reset() ---\n" + last;
+    return r;
+  }
+
+  void note_inputs(const std::vector<at::Tensor>& inputs) override {
+    Signature s = signature_of(inputs);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++steps_noted_;
+    if (s.key() != current_.key()) {
+      previous_ = std::move(current_);
+      current_ = std::move(s);
+    }
+  }
+
+ private:
+  // Called with mu_ held after a mark_step that compiled a graph.
+  void on_compile(int64_t uncached) {
+    // The step: the index of the last noted batch, or of this mark_step.
+    const int64_t step = steps_noted_ > 0 ? steps_noted_ - 1 : mark_steps_since_reset_ - 1;
+    const bool after_warmup = step >= kWarmupSteps;
+    const int64_t compiled_so_far = base_compiled_ + uncached;
+    if (!current_.empty()) {
+      const bool new_signature = compiled_signatures_.insert(current_.key()).second;
+      if (new_signature) {
+        if (after_warmup) {
+          std::fprintf(stderr,
+                       "fulgur: xla graph recompiled at step %lld (%lld graphs compiled so far); %s; pad the last "
+                       "batch or use drop_last\n",
+                       static_cast<long long>(step), static_cast<long long>(compiled_so_far),
+                       describe_change(previous_, current_).c_str());
+        }
+        return;
+      }
+    }
+    if (after_warmup && ++unexplained_ == kUnexplainedRecompiles) {
+      std::fprintf(stderr,
+                   "fulgur: xla graphs keep being recompiled (%lld graphs compiled so far, %lld after warm-up with "
+                   "batch input shapes seen before): the traced graph changes between steps. Look for item() or "
+                   "prints inside the step, data-dependent shapes, or scalars that change every step; "
+                   "fulgur::xla::metrics_report() has details\n",
+                   static_cast<long long>(compiled_so_far), static_cast<long long>(unexplained_));
+    }
+  }
+
+  mutable std::mutex mu_;
+  int64_t seen_uncached_ = 0;
+  int64_t mark_steps_ = 0;
+  int64_t mark_steps_since_reset_ = 0;
+  double compile_seconds_ = 0.0;
+  double execute_seconds_ = 0.0;
+  int64_t base_compiled_ = 0;
+  int64_t base_hits_ = 0;
+  std::map<std::string, int64_t> base_fallbacks_;
+  std::string last_report_;
+  int64_t steps_noted_ = 0;
+  Signature current_, previous_;
+  std::set<std::string> compiled_signatures_;
+  int64_t unexplained_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_lazy_backend() { return std::make_unique<PendingLazyBackend>(); }
+std::unique_ptr<Backend> make_lazy_backend() { return std::make_unique<LazyBackend>(); }
 
 }  // namespace fulgur::xla

@@ -2,8 +2,273 @@
 
 #include <torch/torch.h>
 
-namespace fulgur {
+#include <torch/csrc/lazy/core/lazy_graph_executor.h>
+#include <torch/csrc/lazy/core/tensor.h>
 
-void move_module(torch::nn::Module& module, const c10::Device& device) { module.to(device); }
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+// torch::nn::Module::to(kLazy) throws in 1.13 ("incompatible tensor type" in
+// set_data), and set_data from lazy into lazy is silently ignored, so the
+// tensors are replaced instead: in the module's parameter and buffer dicts,
+// and in the member handles that forward() reads.
+//
+// Module's parameters_ (protected) and buffers_ (private) are reached through
+// `template <typename Derived> friend class Cloneable;` in Module: every
+// specialization of Cloneable is a friend, including this explicit one with a
+// private tag type.
+
+namespace fulgur::module_mover_detail {
+struct AccessTag {};
+}  // namespace fulgur::module_mover_detail
+
+template <>
+class torch::nn::Cloneable<fulgur::module_mover_detail::AccessTag> {
+ public:
+  using Dict = torch::OrderedDict<std::string, torch::Tensor>;
+  static Dict& params(torch::nn::Module& m) { return m.parameters_; }
+  static Dict& buffers(torch::nn::Module& m) { return m.buffers_; }
+};
+
+namespace fulgur {
+namespace module_mover_detail {
+namespace {
+
+using ModuleAccess = torch::nn::Cloneable<AccessTag>;
+
+bool is_lazy(const at::Tensor& t) { return t.defined() && t.device().type() == c10::kLazy; }
+
+// Tensor members of the built-in modules, detected per class (a member exists
+// and is a Tensor).
+#define FULGUR_TENSOR_MEMBER(NAME)                                                                               \
+  template <class T, class = void>                                                                               \
+  struct has_##NAME : std::false_type {};                                                                        \
+  template <class T>                                                                                             \
+  struct has_##NAME<T, std::void_t<decltype(std::declval<T&>().NAME)>>                                           \
+      : std::is_same<std::decay_t<decltype(std::declval<T&>().NAME)>, torch::Tensor> {};                       \
+  template <class T>                                                                                             \
+  void remap_##NAME(T& m, const TensorRemap& remap) {                                                            \
+    if constexpr (has_##NAME<T>::value) remap(m.NAME);                                                           \
+  }
+FULGUR_TENSOR_MEMBER(weight)
+FULGUR_TENSOR_MEMBER(bias)
+FULGUR_TENSOR_MEMBER(running_mean)
+FULGUR_TENSOR_MEMBER(running_var)
+FULGUR_TENSOR_MEMBER(num_batches_tracked)
+FULGUR_TENSOR_MEMBER(in_proj_weight)
+FULGUR_TENSOR_MEMBER(in_proj_bias)
+FULGUR_TENSOR_MEMBER(bias_k)
+FULGUR_TENSOR_MEMBER(bias_v)
+FULGUR_TENSOR_MEMBER(q_proj_weight)
+FULGUR_TENSOR_MEMBER(k_proj_weight)
+FULGUR_TENSOR_MEMBER(v_proj_weight)
+FULGUR_TENSOR_MEMBER(weight_ih)
+FULGUR_TENSOR_MEMBER(weight_hh)
+FULGUR_TENSOR_MEMBER(bias_ih)
+FULGUR_TENSOR_MEMBER(bias_hh)
+FULGUR_TENSOR_MEMBER(pos_weight)
+FULGUR_TENSOR_MEMBER(_random_samples)
+#undef FULGUR_TENSOR_MEMBER
+
+template <class Impl>
+bool rebind(torch::nn::Module& module, const TensorRemap& remap) {
+  auto* m = dynamic_cast<Impl*>(&module);
+  if (!m) return false;
+  remap_weight(*m, remap);
+  remap_bias(*m, remap);
+  remap_running_mean(*m, remap);
+  remap_running_var(*m, remap);
+  remap_num_batches_tracked(*m, remap);
+  remap_in_proj_weight(*m, remap);
+  remap_in_proj_bias(*m, remap);
+  remap_bias_k(*m, remap);
+  remap_bias_v(*m, remap);
+  remap_q_proj_weight(*m, remap);
+  remap_k_proj_weight(*m, remap);
+  remap_v_proj_weight(*m, remap);
+  remap_weight_ih(*m, remap);
+  remap_weight_hh(*m, remap);
+  remap_bias_ih(*m, remap);
+  remap_bias_hh(*m, remap);
+  remap_pos_weight(*m, remap);
+  remap__random_samples(*m, remap);
+  return true;
+}
+
+// RNN/LSTM/GRU read the protected flat_weights_, rebuilt from the parameter
+// dict by the protected reset_flat_weights(); a pointer to it formed through a
+// derived class is allowed.
+template <class Impl>
+struct FlatWeightsAccess : Impl {
+  static void reset(Impl& m) { (m.*(&FlatWeightsAccess::reset_flat_weights))(); }
+};
+
+template <class Impl>
+bool rebind_rnn(torch::nn::Module& module) {
+  auto* m = dynamic_cast<Impl*>(&module);
+  if (!m) return false;
+  FlatWeightsAccess<Impl>::reset(*m);
+  return true;
+}
+
+template <class... Impls>
+bool rebind_any(torch::nn::Module& m, const TensorRemap& remap) {
+  return (rebind<Impls>(m, remap) || ...);
+}
+
+bool rebind_builtin(torch::nn::Module& m, const TensorRemap& remap) {
+  using namespace torch::nn;
+  return rebind_any<LinearImpl, Conv1dImpl, Conv2dImpl, Conv3dImpl, BatchNorm1dImpl, BatchNorm2dImpl,
+                    BatchNorm3dImpl, LayerNormImpl, EmbeddingImpl, GroupNormImpl, BilinearImpl, ConvTranspose1dImpl,
+                    ConvTranspose2dImpl, ConvTranspose3dImpl, InstanceNorm1dImpl, InstanceNorm2dImpl,
+                    InstanceNorm3dImpl, EmbeddingBagImpl, PReLUImpl, MultiheadAttentionImpl, RNNCellImpl,
+                    LSTMCellImpl, GRUCellImpl, NLLLossImpl, CrossEntropyLossImpl, BCEWithLogitsLossImpl,
+                    FractionalMaxPool2dImpl, FractionalMaxPool3dImpl>(m, remap) ||
+         rebind_rnn<RNNImpl>(m) || rebind_rnn<LSTMImpl>(m) || rebind_rnn<GRUImpl>(m);
+}
+
+using Hook = std::function<bool(torch::nn::Module&, const TensorRemap&)>;
+
+std::mutex& hooks_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<Hook>& hooks() {
+  static std::vector<Hook> h;
+  return h;
+}
+
+// Runs the pending lazy work of `ts` as one graph, so that copying them off
+// the lazy device is a plain copy instead of one graph execution each.
+void sync_lazy(const std::vector<at::Tensor>& ts) {
+  std::vector<torch::lazy::LazyTensorPtr> lts;
+  for (const auto& t : ts) {
+    if (!is_lazy(t)) continue;
+    if (auto lt = torch::lazy::TryGetLtcTensor(t)) lts.push_back(lt);
+  }
+  if (lts.empty()) return;
+  torch::lazy::LazyGraphExecutor::Get()->SyncTensorsGraph(&lts, /*devices=*/{}, /*wait=*/true,
+                                                         /*sync_ltc_data=*/true);
+}
+
+struct Moved {
+  at::Tensor old;     // keeps the old TensorImpl alive while remapping
+  std::string name;   // a name for messages ("" for member-only tensors)
+  size_t extra_refs;  // references to `old` that the copy itself holds
+};
+
+}  // namespace
+}  // namespace module_mover_detail
+
+void register_module_mover(std::function<bool(torch::nn::Module&, const TensorRemap&)> hook) {
+  if (!hook) return;
+  std::lock_guard<std::mutex> lock(module_mover_detail::hooks_mutex());
+  module_mover_detail::hooks().push_back(std::move(hook));
+}
+
+void move_module(torch::nn::Module& module, const c10::Device& device) {
+  using namespace module_mover_detail;
+  using torch::nn::Module;
+
+  // Every parameter, buffer and grad, named, once per submodule occurrence.
+  bool any_lazy = device.type() == c10::kLazy;
+  std::vector<at::Tensor> all;
+  for (const auto& p : module.named_parameters(true)) {
+    all.push_back(p.value());
+    if (p.value().grad().defined()) all.push_back(p.value().grad());
+  }
+  for (const auto& b : module.named_buffers(true)) all.push_back(b.value());
+  for (const auto& t : all) any_lazy = any_lazy || is_lazy(t);
+  if (!any_lazy) {
+    module.to(device);
+    return;
+  }
+
+  torch::NoGradGuard no_grad;
+  sync_lazy(all);
+  all.clear();  // no extra references while counting them below
+
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> map;  // old -> new, keeps ties
+  std::vector<Moved> moved;
+
+  auto move_tensor = [&](at::Tensor& t, bool is_param, const std::string& name) {
+    if (!t.defined()) return;
+    auto it = map.find(t.unsafeGetTensorImpl());
+    if (it != map.end()) {
+      t = it->second;
+      return;
+    }
+    if (t.device() == device) return;
+    const size_t before = t.use_count();
+    // Copies off the lazy device can come back with any strides; keep them
+    // dense (autograd's gradient layout contract wants grads like params).
+    const bool from_lazy = is_lazy(t);
+    at::Tensor nt = t.to(device).detach();
+    if (from_lazy) nt = nt.contiguous();
+    const size_t after = t.use_count();
+    const size_t extra = after > before ? after - before : 0;  // e.g. lazy device data aliasing the CPU tensor
+    if (is_param) nt.set_requires_grad(t.requires_grad());
+    if (t.grad().defined()) {
+      at::Tensor g = t.grad().to(device).detach();
+      nt.mutable_grad() = is_lazy(t.grad()) ? g.contiguous() : g;
+    }
+    map.emplace(t.unsafeGetTensorImpl(), nt);
+    moved.push_back({t, name, extra});
+    t = nt;
+  };
+
+  // 1. The dicts. named_* give prefixed names for the warning below.
+  std::unordered_map<const Module*, std::string> prefix;
+  prefix[&module] = "";
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    prefix.emplace(item.value().get(), item.key() + ".");
+  }
+  module.apply([&](Module& m) {
+    const std::string& pre = prefix.count(&m) ? prefix[&m] : std::string();
+    for (auto& item : ModuleAccess::params(m)) move_tensor(item.value(), true, pre + item.key());
+    for (auto& item : ModuleAccess::buffers(m)) move_tensor(item.value(), false, pre + item.key());
+  });
+
+  // 2. The member handles: built-in modules, then the registered hooks.
+  const TensorRemap remap = [&](at::Tensor& t) { move_tensor(t, false, ""); };
+  std::vector<Hook> user_hooks;
+  {
+    std::lock_guard<std::mutex> lock(hooks_mutex());
+    user_hooks = hooks();
+  }
+  module.apply([&](Module& m) {
+    rebind_builtin(m, remap);
+    for (const auto& h : user_hooks) {
+      if (h(m, remap)) break;
+    }
+  });
+
+  // 3. A parameter/buffer still referenced elsewhere is most likely a member
+  // handle of a module the mover does not know. Moving TO the lazy device is
+  // where that matters most (forward would abort); moving back, the optimizer
+  // legitimately still holds the lazy tensors.
+  if (device.type() == c10::kLazy) {
+    std::vector<std::string> stale;
+    for (const auto& mv : moved) {
+      if (!mv.name.empty() && mv.old.use_count() > 1 + mv.extra_refs) stale.push_back(mv.name);
+    }
+    if (!stale.empty()) {
+      std::string names;
+      for (size_t i = 0; i < stale.size() && i < 5; ++i) names += (i ? ", " : "") + stale[i];
+      if (stale.size() > 5) names += ", ... (" + std::to_string(stale.size()) + " in all)";
+      std::fprintf(stderr,
+                   "fulgur: move_module to %s: the old %s still referenced after the move: %s. If a module keeps "
+                   "them in members, register a hook with fulgur::register_module_mover that rebinds them, or its "
+                   "forward will mix devices (which aborts on the lazy device). Optimizers must be built after "
+                   "the move.\n",
+                   device.str().c_str(), stale.size() == 1 ? "tensor is" : "tensors are", names.c_str());
+    }
+  }
+}
 
 }  // namespace fulgur

@@ -1,14 +1,60 @@
 #pragma once
 // Moving a module's parameters and buffers to a device.
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
+
+#include <functional>
 
 namespace fulgur {
 
 // Moves every parameter and buffer of `module` (recursively) to `device`,
 // keeping the identity of tensors shared between submodules (tied weights
 // stay tied). Works for lazy devices, where torch::nn::Module::to cannot.
+//
+// When neither `device` nor any tensor of the module is lazy this is
+// module.to(device), which keeps the tensor objects. Otherwise every
+// parameter and buffer is REPLACED by a new tensor on `device` (same
+// requires_grad; an existing .grad moves too), so handles taken before the
+// move (an optimizer's params, `auto w = fc->weight`) still point at the old
+// tensors: build optimizers after the move. Pending lazy work on the module's
+// tensors is run as one graph before copying them off the lazy device.
+//
+// forward() reads member handles (LinearImpl::weight, ...), not the module's
+// parameter dict, so they are rebound too. This is automatic for the built-in
+// modules: Linear, Bilinear, Conv1d/2d/3d, ConvTranspose1d/2d/3d,
+// BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d, LayerNorm, GroupNorm, Embedding,
+// EmbeddingBag, PReLU, MultiheadAttention, RNN/LSTM/GRU, RNNCell/LSTMCell/
+// GRUCell, NLLLoss/CrossEntropyLoss/BCEWithLogitsLoss (class weights) and
+// FractionalMaxPool2d/3d. Containers (Sequential, ModuleList, ModuleDict,
+// ParameterList, ParameterDict) hold no member handles.
+//
+// A module of your own that keeps tensors in members
+// (`W = register_parameter("W", ...)`) cannot be detected in general: register
+// a hook that rebinds them (below). Without one, its forward would mix devices,
+// which on the lazy device aborts the process (a glog CHECK, not an
+// exception). As a partial guard, a move TO a lazy device prints a warning
+// naming any old parameter/buffer that is still referenced after the move.
 void move_module(torch::nn::Module& module, const c10::Device& device);
+
+// Replaces `t` by its moved counterpart: the new tensor when `t` was one of the
+// module's parameters/buffers (ties kept), else a copy of `t` on the target
+// device (memoized, so two members sharing a tensor still share it); an
+// undefined tensor is left alone.
+using TensorRemap = std::function<void(at::Tensor&)>;
+
+// Registers a hook called by move_module for every submodule (after the
+// built-in rebinding), in registration order. A hook rebinds the members of
+// the modules it knows and returns true; returning true stops the later hooks
+// for that submodule. Example:
+//   fulgur::register_module_mover([](torch::nn::Module& m, const fulgur::TensorRemap& remap) {
+//     auto* net = dynamic_cast<MyNetImpl*>(&m);
+//     if (!net) return false;
+//     remap(net->W);
+//     remap(net->mask);  // an unregistered member tensor moves too
+//     return true;
+//   });
+void register_module_mover(std::function<bool(torch::nn::Module&, const TensorRemap&)> hook);
 
 }  // namespace fulgur

@@ -15,8 +15,10 @@ namespace fulgur {
 
 class DeviceLoader : public BatchSource {
  public:
-  // `before_batch` runs in the consumer's thread before each batch (the step mark).
-  DeviceLoader(std::shared_ptr<BatchSource> inner, c10::Device device, std::function<void()> before_batch = nullptr,
+  // `before_batch` runs in the consumer's thread before each batch is handed
+  // out (the step mark), with the batch about to be used.
+  using BeforeBatch = std::function<void(const Batch&)>;
+  DeviceLoader(std::shared_ptr<BatchSource> inner, c10::Device device, BeforeBatch before_batch = nullptr,
                int64_t prefetch = 2);
   int64_t num_batches() const override { return inner_->num_batches(); }
   void set_epoch(int64_t epoch) override { inner_->set_epoch(epoch); }
@@ -27,7 +29,7 @@ class DeviceLoader : public BatchSource {
  private:
   std::shared_ptr<BatchSource> inner_;
   c10::Device device_;
-  std::function<void()> before_batch_;
+  BeforeBatch before_batch_;
   int64_t prefetch_;
 };
 
