@@ -136,7 +136,10 @@ std::vector<int> processes_matching(const std::string& needle) {
     std::getline(st, stat);
     const auto close = stat.rfind(')');
     const bool zombie = close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
-    if (!zombie && cmd.find(needle) != std::string::npos) out.push_back(pid);
+    // Only this process's children: CTest may run other instances of the same binary.
+    int ppid = -1;
+    if (close != std::string::npos) std::sscanf(stat.c_str() + close + 2, "%*c %d", &ppid);
+    if (!zombie && ppid == ::getpid() && cmd.find(needle) != std::string::npos) out.push_back(pid);
   }
   return out;
 }

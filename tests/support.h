@@ -50,7 +50,7 @@ struct TinyRegression : LightningModule {
 // n samples of a fixed random linear problem.
 std::shared_ptr<TensorDataset> regression_data(int64_t n, int64_t in = 8, uint64_t seed = 0);
 
-// Processes whose command line contains `needle` (besides this one).
+// Live children of this process whose command line contains `needle`.
 std::vector<int> processes_matching(const std::string& needle);
 
 }  // namespace fulgur::testing
