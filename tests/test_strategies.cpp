@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -32,6 +34,11 @@ std::shared_ptr<DataLoader> loader(int64_t n, int64_t batch) {
   return std::make_shared<DataLoader>(regression_data(n), DataLoaderOptions(batch).shuffle(true).seed(4));
 }
 
+// The pid of the process that ran the test body last: a forked worker
+// inherits its parent's value, a re-executed (spawned) worker ran the body
+// itself and holds its own pid.
+pid_t g_test_body_pid = 0;
+
 void check(bool ok, const std::string& what) {
   if (!ok) throw std::runtime_error("in worker: " + what);
 }
@@ -39,6 +46,8 @@ void check(bool ok, const std::string& what) {
 // Checks, inside the workers, the collectives the seed lists and that every
 // rank holds identical parameters at the end.
 struct Checked : TinyRegression {
+  explicit Checked(std::string start_method) : start_method(std::move(start_method)) {}
+  std::string start_method;
   StepOutput training_step(const Batch& b, int64_t i) override {
     auto out = TinyRegression::training_step(b, i);
     log("loss_mean", out.loss(), LogOptions().with_sync_dist(true));
@@ -49,6 +58,8 @@ struct Checked : TinyRegression {
     const int64_t n = s.world_size();
     const double r = static_cast<double>(s.global_rank());
     check(n == trainer()->world_size() && n > 1, "world size after launch");
+    check(start_method == "spawn" ? g_test_body_pid == getpid() : g_test_body_pid == getppid(),
+          "the worker was started by " + start_method);
     auto sum = s.reduce(torch::tensor(r), "sum");
     check(sum.item<double>() == n * (n - 1) / 2.0, "reduce sum");
     check(s.reduce(torch::tensor(r), "AVG").item<double>() == (n - 1) / 2.0, "reduce avg");
@@ -82,8 +93,9 @@ torch::Tensor flat_params(torch::nn::Module& m) {
 
 void expect_same_training(const std::string& accelerator, const std::string& strategy, const std::string& start) {
   TempDir dir;
+  g_test_body_pid = getpid();
   torch::manual_seed(0);
-  Checked two;
+  Checked two(start);
   torch::manual_seed(0);
   TinyRegression one;
   auto before = flat_params(two);

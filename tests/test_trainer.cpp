@@ -116,7 +116,6 @@ struct GradProbe : TinyRegression {
   StepOutput training_step(const Batch& b, int64_t i) override {
     return (TinyRegression::training_step(b, i).loss() * 1000.0);
   }
-  void on_before_optimizer_step(torch::optim::Optimizer&) override {}
   OptimizerConfig configure_optimizers() override { return std::make_shared<Probe>(parameters(), this); }
   struct Probe : torch::optim::SGD {
     Probe(std::vector<torch::Tensor> p, GradProbe* o) : torch::optim::SGD(p, torch::optim::SGDOptions(0.0)), owner(o) {}

@@ -10,6 +10,8 @@
 namespace fulgur {
 namespace {
 
+constexpr std::chrono::milliseconds kRedraw{100};
+
 std::string fmt(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.4g", v);
@@ -37,6 +39,7 @@ std::string ProgressBar::render(Trainer& trainer, int64_t batch_idx, int64_t tot
 
 void ProgressBar::on_train_epoch_start(Trainer&, LightningModule&) {
   epoch_start_ = std::chrono::steady_clock::now();
+  last_draw_ = epoch_start_ - kRedraw;
   batches_seen_ = 0;
 }
 
@@ -47,8 +50,11 @@ void ProgressBar::on_train_batch_end(Trainer& trainer, LightningModule&, const S
   const int64_t total = trainer.num_training_batches();
   const int64_t done = batch_idx + 1;
   if (terminal_) {
-    const int64_t every = std::max<int64_t>(1, options_.print_every);
-    if (done % every != 0 && done != total) return;
+    // Redraw at most every 100 ms (reading metrics is a host sync on xla devices).
+    const auto now = std::chrono::steady_clock::now();
+    const bool due = options_.print_every > 0 ? done % options_.print_every == 0 : now - last_draw_ >= kRedraw;
+    if (!due && done != total) return;
+    last_draw_ = now;
     out() << "\r" << render(trainer, done, total) << "\033[K" << std::flush;
     return;
   }

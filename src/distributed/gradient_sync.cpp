@@ -39,15 +39,12 @@ std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t 
     const auto& p = params[k];
     const auto dtype = p.scalar_type();
     auto it = open.find(dtype);
-    if (it == open.end() || [&] {
-          const Bucket& b = buckets[it->second];
-          const int64_t cap = it->second == 0 ? first_bytes : bytes;
-          return b.offsets.back() * static_cast<int64_t>(p.element_size()) >= cap;
-        }()) {
+    const bool full = it != open.end() && buckets[it->second].offsets.back() * p.element_size() >=
+                                              (it->second == 0 ? first_bytes : bytes);
+    if (it == open.end() || full) {
       buckets.emplace_back();
       buckets.back().offsets.push_back(0);
-      open[dtype] = buckets.size() - 1;
-      it = open.find(dtype);
+      it = open.insert_or_assign(dtype, buckets.size() - 1).first;
     }
     Bucket& b = buckets[it->second];
     b.params.push_back(k);

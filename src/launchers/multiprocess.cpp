@@ -1,3 +1,4 @@
+#include <fulgur/distributed/collectives.h>
 #include <fulgur/launchers/launcher.h>
 #include <fulgur/plugins/environments/cluster_environment.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
@@ -60,26 +61,28 @@ std::string signal_name(int sig) {
   return "signal " + std::to_string(sig);
 }
 
-// The folder holding this process's launches: private (0700), removed at exit.
-const std::string& run_dir() {
-  static std::string dir = [] {
+// The folder holding this process's launches: private (0700, from mkdtemp),
+// removed when the process that made it exits normally.
+struct RunDir {
+  RunDir() : owner(::getpid()) {
     const char* tmp = std::getenv("TMPDIR");
     std::string tpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/fulgur-XXXXXX";
     std::vector<char> buf(tpl.begin(), tpl.end());
     buf.push_back('\0');
     if (!::mkdtemp(buf.data())) throw std::runtime_error("launcher: cannot create a private folder from " + tpl);
-    std::string d(buf.data());
-    static const pid_t owner = ::getpid();
-    static std::string path = d;
-    std::atexit([] {
-      if (::getpid() == owner) {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-      }
-    });
-    return d;
-  }();
-  return dir;
+    path = buf.data();
+  }
+  ~RunDir() {
+    std::error_code ec;
+    if (::getpid() == owner) fs::remove_all(path, ec);
+  }
+  std::string path;
+  pid_t owner;
+};
+
+const std::string& run_dir() {
+  static RunDir dir;
+  return dir.path;
 }
 
 // A failing worker's record: rank, time, kind, message.
@@ -144,10 +147,13 @@ std::vector<std::string> own_argv() {
   } catch (const WorkerFailure& e) {
     write_error_record(dir, rank, "interrupted", e.what());
     worker_exit(e.exit_code());
+  } catch (const CollectiveError& e) {
+    // Usually the consequence of another rank's failure.
+    write_error_record(dir, rank, "collective", e.what());
+    std::cerr << "fulgur: rank " << rank << " failed: " << e.what() << std::endl;
+    worker_exit(1);
   } catch (const std::exception& e) {
-    const bool collective = std::string(e.what()).find("collective #") != std::string::npos ||
-                            std::string(e.what()).find("rendezvous") != std::string::npos;
-    write_error_record(dir, rank, collective ? "collective" : "exception", e.what());
+    write_error_record(dir, rank, "exception", e.what());
     std::cerr << "fulgur: rank " << rank << " failed: " << e.what() << std::endl;
     worker_exit(1);
   } catch (...) {
@@ -247,6 +253,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   int64_t alive = n;
   bool forwarded = false;
   bool stopping = false;
+  double stop_time = 0;  // when the parent began stopping the others
   auto stop_deadline = std::chrono::steady_clock::time_point::max();
   while (alive > 0) {
     if (!forwarded && runtime::received_stop_signal() != 0) {
@@ -266,6 +273,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (failed && !stopping && !forwarded) {
         stopping = true;
+        stop_time = now_seconds();
         for (int64_t j = 0; j < n; ++j)
           if (!exits[j].done) ::kill(pids[j], SIGTERM);
         stop_deadline = std::chrono::steady_clock::now() + options_.grace_period;
@@ -289,7 +297,8 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   }
 
   // Root cause: the earliest failure that is not a consequence of another
-  // (a collective error caused by a peer leaving, or our own SIGTERM).
+  // (a collective error caused by a peer leaving, or a rank the parent
+  // signalled while stopping the job).
   struct Failure {
     int64_t rank;
     double time;
@@ -308,8 +317,8 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
       const int sig = WTERMSIG(status);
       f.how = "was killed by " + signal_name(sig);
       f.code = 128 + sig;
-      if (stopping && sig == SIGTERM) f.priority = 1;
-      if (stopping && sig == SIGKILL && exits[i].time > 0 && rec.present) f.priority = 1;
+      const bool ours = sig == SIGTERM || sig == SIGKILL;
+      if (stopping && ours && exits[i].time >= stop_time) f.priority = 1;
     } else {
       f.code = WEXITSTATUS(status);
       f.how = "exited with code " + std::to_string(f.code);

@@ -3,6 +3,7 @@
 #include <fulgur/trainer.h>
 
 #include "distributed/gradient_sync.h"
+#include "strategies/xla_common.h"
 #include "runtime/threads.h"
 #include "trainer/trainer_impl.h"
 #include "xla/backend.h"
@@ -197,11 +198,6 @@ std::shared_ptr<BatchSource> ParallelStrategy::process_dataloader(std::shared_pt
   return dl->with_sampler(std::make_shared<DistributedSampler>(dl->dataset()->size(), so));
 }
 
-void ParallelStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
-                                       const StorageOptions& storage_options) {
-  Strategy::save_checkpoint(checkpoint, path, storage_options);
-}
-
 // --- DDPStrategy ----------------------------------------------------------
 
 DDPStrategy::DDPStrategy(std::shared_ptr<Accelerator> accelerator, std::vector<int64_t> parallel_devices,
@@ -237,32 +233,11 @@ void DDPStrategy::teardown() {
 
 // --- XLAStrategy ----------------------------------------------------------
 
-namespace {
-
-std::shared_ptr<CheckpointIO> xla_io(std::shared_ptr<CheckpointIO> io) {
-  if (!io) return std::make_shared<XLACheckpointIO>();
-  if (!dynamic_cast<XLACheckpointIO*>(io.get())) {
-    throw std::invalid_argument("XLAStrategy: checkpoint_io must be an XLACheckpointIO (tensors must leave the xla "
-                                "device before writing); got another CheckpointIO");
-  }
-  return io;
-}
-
-std::shared_ptr<Precision> xla_precision(std::shared_ptr<Precision> p) {
-  if (!p) return std::make_shared<XLAPrecision>();
-  if (!dynamic_cast<XLAPrecision*>(p.get())) {
-    throw std::invalid_argument("XLAStrategy: precision plugin must be an XLAPrecision, got a plain Precision ('" +
-                                p->name() + "')");
-  }
-  return p;
-}
-
-}  // namespace
-
 XLAStrategy::XLAStrategy(std::vector<int64_t> parallel_devices, std::shared_ptr<CheckpointIO> checkpoint_io,
                          std::shared_ptr<Precision> precision, ParallelOptions options)
-    : DDPStrategy(std::make_shared<XLAAccelerator>(), std::move(parallel_devices), xla_io(std::move(checkpoint_io)),
-                  xla_precision(std::move(precision)), std::move(options)) {}
+    : DDPStrategy(std::make_shared<XLAAccelerator>(), std::move(parallel_devices),
+                  detail::xla_checkpoint_io(std::move(checkpoint_io), "XLAStrategy"),
+                  detail::xla_precision(std::move(precision), "XLAStrategy"), std::move(options)) {}
 
 c10::Device XLAStrategy::root_device() const {
   if (!launched_) throw std::runtime_error("Accessing the XLA device before processes have spawned is not allowed.");
@@ -277,17 +252,13 @@ std::unique_ptr<detail::GradientSync> XLAStrategy::make_gradient_sync() {
 
 std::shared_ptr<BatchSource> XLAStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {
   if (std::dynamic_pointer_cast<DeviceLoader>(loader)) return loader;
-  return std::make_shared<DeviceLoader>(ParallelStrategy::process_dataloader(loader), root_device(),
-                                        [](const Batch& b) {
-    xla::note_inputs({b.data, b.target});
-    xla::mark_step();
-  });
+  return detail::xla_device_loader(ParallelStrategy::process_dataloader(std::move(loader)), root_device());
 }
 
 void XLAStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
                                   const StorageOptions& storage_options) {
   mark_step();
-  ParallelStrategy::save_checkpoint(checkpoint, path, storage_options);
+  Strategy::save_checkpoint(checkpoint, path, storage_options);
 }
 
 void XLAStrategy::teardown() {

@@ -1,4 +1,3 @@
-#include <fulgur/checkpoint.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
@@ -150,13 +149,6 @@ Checkpoint Strategy::load_checkpoint(const std::string& path) { return checkpoin
 
 void Strategy::remove_checkpoint(const std::string& path) {
   if (local_rank() == 0) checkpoint_io().remove_checkpoint(path);
-}
-
-c10::Dict<std::string, at::Tensor> Strategy::model_state_dict() const {
-  c10::Dict<std::string, at::Tensor> out;
-  if (!model_) return out;
-  for (const auto& kv : state_dict(*model_)) out.insert(kv.key(), kv.value().toTensor());
-  return out;
 }
 
 // --- SingleDeviceStrategy ---------------------------------------------------

@@ -48,21 +48,18 @@ void ResultCollection::log(const std::string& name, const at::Tensor& value_in, 
   }
 }
 
-std::map<std::string, at::Tensor> ResultCollection::take_step_values(bool for_logger, bool for_prog_bar) {
-  std::map<std::string, at::Tensor> out;
+std::map<std::string, ResultCollection::Logged> ResultCollection::take_step_values() {
+  std::map<std::string, Logged> out;
   for (auto& [name, v] : values_) {
     if (!v.fresh || !*v.options.on_step) continue;
-    if ((for_logger && !v.options.logger) || (for_prog_bar && !v.options.prog_bar)) continue;
-    out[*v.options.on_epoch ? name + "_step" : name] = v.last;
-  }
-  if (for_logger) {
-    for (auto& kv : values_) kv.second.fresh = false;
+    v.fresh = false;
+    out[*v.options.on_epoch ? name + "_step" : name] = Logged{v.last, v.options.logger, v.options.prog_bar};
   }
   return out;
 }
 
-std::map<std::string, ResultCollection::EpochValue> ResultCollection::epoch_values(const Reducer& reduce) const {
-  std::map<std::string, EpochValue> out;
+std::map<std::string, ResultCollection::Logged> ResultCollection::epoch_values(const Reducer& reduce) const {
+  std::map<std::string, Logged> out;
   for (const auto& [name, v] : values_) {
     if (!*v.options.on_epoch || !v.epoch.defined()) continue;
     const std::string& fx = v.options.reduce_fx;
@@ -79,16 +76,15 @@ std::map<std::string, ResultCollection::EpochValue> ResultCollection::epoch_valu
     } else if (v.options.sync_dist && reduce) {
       value = reduce(value, fx);
     }
-    const EpochValue ev{value, v.options.logger, v.options.prog_bar};
-    out[*v.options.on_step ? name + "_epoch" : name] = ev;
-    if (*v.options.on_step) out[name] = EpochValue{value, false, false};
+    out[*v.options.on_step ? name + "_epoch" : name] = Logged{value, v.options.logger, v.options.prog_bar};
+    if (*v.options.on_step) out[name] = Logged{value, false, false};
   }
   return out;
 }
 
-std::map<std::string, double> to_doubles(const std::map<std::string, at::Tensor>& values) {
+std::map<std::string, double> to_doubles(const std::map<std::string, ResultCollection::Logged>& values) {
   std::map<std::string, double> out;
-  for (const auto& [k, v] : values) out[k] = v.item<double>();
+  for (const auto& [k, v] : values) out[k] = v.value.item<double>();
   return out;
 }
 

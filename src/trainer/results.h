@@ -23,6 +23,12 @@ struct LoggedValue {
 
 class ResultCollection {
  public:
+  // A logged value and where it goes.
+  struct Logged {
+    at::Tensor value;
+    bool logger;
+    bool prog_bar;
+  };
   using Reducer = std::function<at::Tensor(const at::Tensor&, const std::string& op)>;
 
   // Clears everything (start of a stage or epoch).
@@ -33,22 +39,17 @@ class ResultCollection {
            int64_t batch_size, const Reducer& reduce);
   // Step values logged since the last call, named "<name>_step" when the value
   // is also aggregated per epoch. Marks them read.
-  std::map<std::string, at::Tensor> take_step_values(bool for_logger, bool for_prog_bar);
+  std::map<std::string, Logged> take_step_values();
   // Epoch aggregates ("<name>_epoch" when also logged per step, plus "<name>").
   // Collective when a value has sync_dist: every rank must call.
-  struct EpochValue {
-    at::Tensor value;
-    bool logger;
-    bool prog_bar;
-  };
-  std::map<std::string, EpochValue> epoch_values(const Reducer& reduce) const;
+  std::map<std::string, Logged> epoch_values(const Reducer& reduce) const;
   bool empty() const { return values_.empty(); }
 
  private:
   std::map<std::string, LoggedValue> values_;
 };
 
-// Reads tensors to doubles (one host sync each).
-std::map<std::string, double> to_doubles(const std::map<std::string, at::Tensor>& values);
+// Reads the values to doubles (one host sync each).
+std::map<std::string, double> to_doubles(const std::map<std::string, ResultCollection::Logged>& values);
 
 }  // namespace fulgur::detail

@@ -137,15 +137,21 @@ void TrainerImpl::materialize_metrics() const {
 
 void TrainerImpl::log(const std::string& name, const at::Tensor& value, const LogOptions& opts) {
   if (!model) throw std::logic_error("log('" + name + "') was called outside a Trainer run");
-  results.log(name, value, opts, in_training_step, current_batch_size,
-              [this](const at::Tensor& t, const std::string& op) { return strategy->reduce(t, op); });
+  results.log(name, value, opts, in_training_step, current_batch_size, reducer());
+}
+
+ResultCollection::Reducer TrainerImpl::reducer() {
+  return [this](const at::Tensor& t, const std::string& op) { return strategy->reduce(t, op); };
 }
 
 void TrainerImpl::log_step_metrics(bool force) {
-  auto for_bar = results.take_step_values(false, true);
-  for (auto& [k, v] : for_bar) pending_prog_bar[k] = v;
-  auto for_logger = results.take_step_values(true, false);
-  for (auto& [k, v] : for_logger) pending_callback_metrics[k] = v;
+  std::map<std::string, ResultCollection::Logged> for_logger;
+  for (auto& [k, v] : results.take_step_values()) {
+    if (v.prog_bar) pending_prog_bar[k] = v.value;
+    if (!v.logger) continue;
+    pending_callback_metrics[k] = v.value;
+    for_logger.emplace(k, v);
+  }
   const bool due = global_step % options.log_every_n_steps() == 0 || force;
   if (!logger || !strategy->is_global_zero() || for_logger.empty() || !due || global_step == last_logged_step) return;
   last_logged_step = global_step;
@@ -154,15 +160,16 @@ void TrainerImpl::log_step_metrics(bool force) {
   logger->log_metrics(row, global_step);
 }
 
-void TrainerImpl::log_epoch_metrics(const std::map<std::string, ResultCollection::EpochValue>& values, int64_t step) {
+void TrainerImpl::log_epoch_metrics(const std::map<std::string, ResultCollection::Logged>& values,
+                                    const Metrics& read, int64_t step) {
   std::map<std::string, double> row;
   for (const auto& [k, ev] : values) {
-    const double v = ev.value.item<double>();
+    const double v = read.at(k);
     callback_metrics[k] = v;
     if (ev.prog_bar) progress_bar_metrics[k] = v;
     if (ev.logger) row[k] = v;
   }
-  if (logger && strategy->is_global_zero() && !row.empty() && !sanity_checking) {
+  if (logger && strategy->is_global_zero() && !row.empty()) {
     row["epoch"] = static_cast<double>(current_epoch);
     logger->log_metrics(row, step);
   }
@@ -291,10 +298,9 @@ Metrics TrainerImpl::evaluation_loop(Stage eval_stage, BatchSource& source, int6
   } else {
     model->on_test_epoch_end();
   }
-  auto values = results.epoch_values([this](const at::Tensor& t, const std::string& op) { return strategy->reduce(t, op); });
-  Metrics metrics;
-  for (const auto& [k, ev] : values) metrics[k] = ev.value.item<double>();
-  if (!sanity_checking) log_epoch_metrics(values, global_step);
+  auto values = results.epoch_values(reducer());
+  const Metrics metrics = to_doubles(values);
+  if (!sanity_checking) log_epoch_metrics(values, metrics, global_step);
   if (is_val) {
     if (!sanity_checking)
       for (auto& c : callbacks) c->on_validation_end(owner, *model);
@@ -403,8 +409,8 @@ void TrainerImpl::fit_loop() {
                           static_cast<int>(strategy->global_rank()), 128 + (sig ? sig : SIGTERM));
     }
     // Epoch end: aggregates, hooks, then the next epoch.
-    auto values = results.epoch_values([this](const at::Tensor& t, const std::string& op) { return strategy->reduce(t, op); });
-    log_epoch_metrics(values, global_step);
+    auto values = results.epoch_values(reducer());
+    log_epoch_metrics(values, to_doubles(values), global_step);
     model->on_train_epoch_end();
     for (auto& c : callbacks) c->on_train_epoch_end(owner, *model);
     log_step_metrics(true);

@@ -41,7 +41,12 @@ struct TrainerImpl {
   void clip_gradients(torch::optim::Optimizer& optimizer);
   void step_schedulers(const std::string& interval);
   void log_step_metrics(bool force);
-  void log_epoch_metrics(const std::map<std::string, ResultCollection::EpochValue>& values, int64_t step);
+  // Records epoch aggregates (already read to doubles in `read`) in
+  // callback_metrics, the progress bar and the logger.
+  void log_epoch_metrics(const std::map<std::string, ResultCollection::Logged>& values, const Metrics& read,
+                         int64_t step);
+  // Reduces a logged value across ranks (for sync_dist).
+  ResultCollection::Reducer reducer();
   void log(const std::string& name, const at::Tensor& value, const LogOptions& options);
   bool stop_requested();
 

@@ -16,7 +16,8 @@ struct ProgressBarOptions {
   std::ostream* stream = nullptr;
   // Redraw in place; default: whether stdout is a terminal.
   std::optional<bool> terminal;
-  // Off a terminal: print every this many batches (default: about 10 lines an epoch).
+  // Print every this many batches. Default: on a terminal, redraw at most
+  // every 100 ms; elsewhere, about 10 lines an epoch.
   int64_t print_every = 0;
 };
 
@@ -38,6 +39,7 @@ class ProgressBar : public Callback {
   ProgressBarOptions options_;
   bool terminal_;
   std::chrono::steady_clock::time_point epoch_start_;
+  std::chrono::steady_clock::time_point last_draw_;
   int64_t batches_seen_ = 0;
 };
 

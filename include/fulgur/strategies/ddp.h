@@ -60,8 +60,6 @@ class ParallelStrategy : public Strategy {
   void barrier(const std::string& name = "") override;
   // Gives a DataLoader a DistributedSampler for this rank.
   std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader) override;
-  void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
-                       const StorageOptions& storage_options = {}) override;
 
  protected:
   // Every parameter and buffer takes rank 0's value (flattened, one broadcast per dtype).

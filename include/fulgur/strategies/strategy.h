@@ -94,8 +94,6 @@ class Strategy {
                                const StorageOptions& storage_options = {});
   virtual Checkpoint load_checkpoint(const std::string& path);
   virtual void remove_checkpoint(const std::string& path);
-  // The module's parameters and buffers as CPU tensors.
-  c10::Dict<std::string, at::Tensor> model_state_dict() const;
 
  protected:
   std::shared_ptr<Accelerator> accelerator_;
@@ -124,8 +122,6 @@ class SingleDeviceXLAStrategy : public SingleDeviceStrategy {
   explicit SingleDeviceXLAStrategy(std::shared_ptr<CheckpointIO> checkpoint_io = nullptr,
                                    std::shared_ptr<Precision> precision = nullptr);
   c10::Device root_device() const override;
-  void optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
-                      const std::function<void()>& before_step) override;
   void mark_step() override;
   void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
                        const StorageOptions& storage_options = {}) override;
