@@ -1,5 +1,7 @@
 #include <fulgur/distributed/collectives.h>
 
+#include "distributed/network.h"
+
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -148,6 +150,7 @@ class GlooCollectives : public Collectives {
         so.timeout = o.timeout;
         store_ = c10::make_intrusive<::c10d::TCPStore>(o.host, so);
       }
+      if (!o.store_prefix.empty()) store_ = c10::make_intrusive<::c10d::PrefixStore>(o.store_prefix, store_);
     } catch (const std::exception& e) {
       const std::string msg = first_line(e.what());
       if (msg.find("in use") != std::string::npos || msg.find("bind") != std::string::npos) {
@@ -252,6 +255,9 @@ class GlooCollectives : public Collectives {
   [[noreturn]] void fail(const char* what, int64_t seq, const std::exception& e) {
     const std::string cause = first_line(e.what());
     const bool timeout = cause.find("imed out") != std::string::npos || cause.find("imeout") != std::string::npos;
+    // Closing this rank's connections first makes the live ranks that wait on
+    // it fail too, so that they report in time and only the lost ones are named.
+    pg_.reset();
     std::string missing = missing_ranks(seq);
     std::ostringstream os;
     os << what << " (collective #" << seq << ") ";
@@ -260,22 +266,65 @@ class GlooCollectives : public Collectives {
     } else {
       os << "failed: a peer left or broke the connection";
     }
-    os << "; " << missing << "; cause: " << cause << ". The process group is closed and will not be reused.";
+    os << "; " << missing << "; cause: " << cause;
+    const std::string remote = first_failure_elsewhere();
+    if (!remote.empty()) os << "; first failure in the job: " << remote;
+    os << ". The process group is closed and will not be reused.";
     dead_ = os.str();
-    pg_.reset();
     throw CollectiveError(dead_);
   }
 
  private:
   static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+  // Single node or a loopback main address: 127.0.0.1. Otherwise the
+  // address given, the interfaces named, or the interface reaching the store.
+  std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices() const {
+    using PG = ::c10d::ProcessGroupGloo;
+    const bool single_node = !opts_.store_path.empty();
+    std::string what;
+    try {
+      if (!opts_.bind_address.empty() && !single_node) {
+        what = "FULGUR_BIND_ADDRESS='" + opts_.bind_address + "'";
+        return {PG::createDeviceForHostname(opts_.bind_address)};
+      }
+      if (!opts_.socket_ifname.empty() && !single_node) {
+        const std::vector<std::string> known = detail::interface_names();
+        std::vector<std::shared_ptr<::gloo::transport::Device>> out;
+        std::stringstream names(opts_.socket_ifname);
+        for (std::string name; std::getline(names, name, ',');) {
+          if (std::find(known.begin(), known.end(), name) == known.end()) {
+            std::string list;
+            for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+            throw std::invalid_argument("GLOO_SOCKET_IFNAME='" + opts_.socket_ifname + "': this machine has no interface '" +
+                                        name + "' with an address; interfaces: " + list);
+          }
+          what = "GLOO_SOCKET_IFNAME interface '" + name + "'";
+          out.push_back(PG::createDeviceForInterface(name));
+        }
+        return out;
+      }
+      if (single_node || detail::is_loopback_host(opts_.host)) {
+        what = "127.0.0.1";
+        return {PG::createDeviceForHostname("127.0.0.1")};
+      }
+      const detail::LocalInterface iface = detail::interface_toward(opts_.host);
+      what = "interface " + iface.name + " (" + iface.address + ", the one reaching MASTER_ADDR='" + opts_.host + "')";
+      return {PG::createDeviceForHostname(iface.address)};
+    } catch (const std::invalid_argument&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (what.empty()) throw CollectiveError(std::string("rendezvous: cannot choose Gloo's interface: ") + first_line(e.what()));
+      throw CollectiveError("rendezvous: Gloo cannot bind to " + what + ": " + first_line(e.what()));
+    }
+  }
+
   void connect() {
     auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("fulgur/pg", store_);
     auto go = ::c10d::ProcessGroupGloo::Options::create(opts_.timeout);
     go->threads = 1;
-    const std::string addr = opts_.bind_address.empty() ? "127.0.0.1" : opts_.bind_address;
+    go->devices = gloo_devices();
     try {
-      go->devices.push_back(::c10d::ProcessGroupGloo::createDeviceForHostname(addr));
       pg_ = c10::make_intrusive<::c10d::ProcessGroupGloo>(prefixed, static_cast<int>(opts_.rank),
                                                           static_cast<int>(opts_.world_size), go);
     } catch (const std::exception& e) {
@@ -373,10 +422,41 @@ class GlooCollectives : public Collectives {
       std::ostringstream os;
       os << "ranks that did not arrive: [";
       for (size_t i = 0; i < missing.size(); ++i) os << (i ? ", " : "") << missing[i];
-      os << "]";
+      os << "]" << nodes_of(missing);
       return os.str();
     } catch (const std::exception&) {
+      if (opts_.store_path.empty() && opts_.store_served_externally) {
+        return "ranks that did not arrive: unknown (the store at " + opts_.host + ":" + std::to_string(opts_.port) +
+               ", served by the launcher of node 0, does not answer: node 0 has stopped)";
+      }
       return "ranks that did not arrive: unknown (the store is gone)";
+    }
+  }
+
+  // The nodes that hold these ranks: " (node 1)", " (nodes 0, 1)"; empty on one node.
+  std::string nodes_of(const std::vector<int64_t>& ranks) const {
+    const int64_t per = opts_.local_world_size;
+    if (per <= 0 || per >= opts_.world_size || ranks.empty()) return "";
+    std::vector<int64_t> nodes;
+    for (int64_t r : ranks)
+      if (std::find(nodes.begin(), nodes.end(), r / per) == nodes.end()) nodes.push_back(r / per);
+    std::ostringstream os;
+    os << (nodes.size() == 1 ? " (node " : " (nodes ");
+    for (size_t i = 0; i < nodes.size(); ++i) os << (i ? ", " : "") << nodes[i];
+    os << ")";
+    return os.str();
+  }
+
+  // What the launcher of the node that failed first wrote to the store (see
+  // MultiProcessLauncher); empty if nothing was written.
+  std::string first_failure_elsewhere() {
+    if (!store_ || !opts_.store_path.empty()) return "";
+    try {
+      if (!store_->check({"fulgur/failure"})) return "";
+      const std::vector<uint8_t> v = store_->get("fulgur/failure");
+      return std::string(v.begin(), v.end());
+    } catch (const std::exception&) {
+      return "";
     }
   }
 

@@ -37,9 +37,20 @@ struct RendezvousOptions {
   int port = 0;
   // The store is already served by the outside launcher (torchrun's agent).
   bool store_served_externally = false;
-  // Address Gloo binds to and announces; empty: loopback for a single node,
-  // else the interface named by GLOO_SOCKET_IFNAME or the one reaching `host`.
+  // Keys of this group live under this prefix in the store (a store shared
+  // by several launches).
+  std::string store_prefix;
+  // Address Gloo binds to and announces. Empty: loopback for a single node
+  // (store_path set) or a loopback `host`; else the interfaces named in
+  // `socket_ifname`; else the interface that reaches `host`.
   std::string bind_address;
+  // Interfaces for Gloo, comma-separated (GLOO_SOCKET_IFNAME). Ignored on a
+  // single node. An unknown name throws std::invalid_argument listing the
+  // interfaces that exist.
+  std::string socket_ifname;
+  // Ranks per node (rank r is on node r / local_world_size), used to name the
+  // node of a rank that fails; 0 when unknown.
+  int64_t local_world_size = 0;
   // Bound on each collective and on the rendezvous.
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   // Check before each collective that all ranks call the same one with the
