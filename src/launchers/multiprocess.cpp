@@ -8,6 +8,7 @@
 #include "runtime/signals.h"
 #include "runtime/threads.h"
 
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
@@ -37,6 +38,7 @@ namespace {
 const char* kWorkerEnv = "FULGUR_WORKER";
 const char* kLaunchDirEnv = "FULGUR_LAUNCH_DIR";
 const char* kLaunchIndexEnv = "FULGUR_LAUNCH_INDEX";
+const char* kParentStoreEnv = "FULGUR_PARENT_STORE";
 
 // Launches this process has made (parent) or seen (spawned worker replaying).
 int g_launches = 0;
@@ -117,6 +119,67 @@ ErrorRecord read_error_record(const std::string& dir, int64_t rank) {
   return r;
 }
 
+// The store of a job across nodes. Node 0's launcher serves it on
+// MASTER_PORT for the life of the process (each launch's keys under
+// "launch-<i>/"), so that it outlives any worker and carries the first
+// failure to the other nodes. Other nodes' launchers connect only when they
+// have a failure to report. Returns nullptr if the store cannot be reached.
+c10::intrusive_ptr<::c10d::Store> node_store(const MultiProcessLauncherOptions& o) {
+  static c10::intrusive_ptr<::c10d::Store> store;
+  if (store) return store;
+  ::c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(o.main_port);
+  so.isServer = o.node_rank == 0;
+  so.waitWorkers = false;
+  if (so.isServer) {
+    so.timeout = std::chrono::seconds(60);
+    try {
+      store = c10::make_intrusive<::c10d::TCPStore>(o.main_address, so);
+    } catch (const std::exception& e) {
+      const std::string msg = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
+      throw CollectiveError("rendezvous: node 0 cannot serve the store on MASTER_PORT=" + std::to_string(o.main_port) +
+                            " (" + msg + "); choose a free port, the same on every node");
+    }
+    return store;
+  }
+  so.timeout = std::chrono::seconds(3);
+  try {
+    store = c10::make_intrusive<::c10d::TCPStore>(o.main_address, so);
+  } catch (const std::exception&) {
+    return {};
+  }
+  return store;
+}
+
+// Records a node's first failure in the job's store, unless another node's
+// came first. Best effort: the store may be gone with node 0.
+void report_failure_to_job(const MultiProcessLauncherOptions& o, int64_t index, const std::string& what) {
+  try {
+    auto store = node_store(o);
+    if (!store) return;
+    const std::string prefix = "launch-" + std::to_string(index) + "/fulgur/";
+    if (store->add(prefix + "failures", 1) == 1) {
+      const std::string msg = "node " + std::to_string(o.node_rank) + ": " + what;
+      store->set(prefix + "failure", std::vector<uint8_t>(msg.begin(), msg.end()));
+    }
+  } catch (const std::exception&) {
+  }
+}
+
+// The first failure another node recorded for this launch, or "".
+std::string failure_elsewhere(const MultiProcessLauncherOptions& o, int64_t index) {
+  try {
+    auto store = node_store(o);
+    const std::string key = "launch-" + std::to_string(index) + "/fulgur/failure";
+    if (!store || !store->check({key})) return "";
+    const std::vector<uint8_t> v = store->get(key);
+    const std::string msg(v.begin(), v.end());
+    return msg.rfind("node " + std::to_string(o.node_rank) + ":", 0) == 0 ? "" : msg;
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 std::vector<std::string> own_argv() {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   std::vector<std::string> out;
@@ -189,7 +252,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
     }
     run_worker(fn);
   }
-  if (LightningEnvironment::is_set()) return fn();  // an outside launcher made this process
+  if (detect_cluster_environment()->creates_processes_externally()) return fn();  // torchrun, srun, ...
 
   const int64_t n = options_.num_processes;
   const int64_t index = g_launches++;
@@ -206,7 +269,13 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   env["NUM_NODES"] = std::to_string(options_.num_nodes);
   env["MASTER_ADDR"] = options_.main_address;
   env["MASTER_PORT"] = std::to_string(options_.main_port);
-  if (options_.num_nodes == 1) env["FULGUR_STORE"] = dir + "/store";
+  const bool several_nodes = options_.num_nodes > 1;
+  if (several_nodes) {
+    if (options_.node_rank == 0) node_store(options_);  // serve before any worker needs it
+    env[kParentStoreEnv] = "1";
+  } else {
+    env["FULGUR_STORE"] = dir + "/store";
+  }
 
   const std::vector<std::string> argv = options_.start_method == "spawn" ? own_argv() : std::vector<std::string>{};
   const pid_t parent = ::getpid();
@@ -272,6 +341,16 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
       progressed = true;
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (failed && !stopping && !forwarded) {
+        if (several_nodes) {
+          const int64_t rank = options_.node_rank * n + i;
+          const ErrorRecord rec = read_error_record(dir, rank);
+          std::string what = "worker rank " + std::to_string(rank) +
+                             (WIFSIGNALED(status) ? " was killed by " + signal_name(WTERMSIG(status))
+                                                  : " exited with code " + std::to_string(WEXITSTATUS(status)));
+          if (rec.present) what += ": " + rec.message;
+          // A collective error here is the consequence of a failure elsewhere, which that node reports.
+          if (!(rec.present && rec.kind == "collective")) report_failure_to_job(options_, index, what);
+        }
         stopping = true;
         stop_time = now_seconds();
         for (int64_t j = 0; j < n; ++j)
@@ -337,6 +416,12 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
                         static_cast<int>(first.rank), first.code);
   }
   std::ostringstream report;
+  const std::string elsewhere = several_nodes && first.priority == 1 ? failure_elsewhere(options_, index) : "";
+  if (!elsewhere.empty()) {
+    report << "node " << options_.node_rank << " stopped because the job failed on " << elsewhere << "; here ";
+  } else if (several_nodes) {
+    report << "node " << options_.node_rank << ": ";
+  }
   report << "worker rank " << first.rank << " failed first: it " << first.how;
   if (failures.size() > 1) {
     report << " (then stopped: ";

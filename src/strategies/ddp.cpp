@@ -55,14 +55,24 @@ ParallelStrategy::ParallelStrategy(std::shared_ptr<Accelerator> accelerator, std
   lo.num_nodes = options_.num_nodes;
   lo.start_method = options_.start_method;
   lo.grace_period = options_.grace_period;
-  LightningEnvironment env;
-  lo.node_rank = env.node_rank();
-  lo.main_address = env.main_address();
-  lo.main_port = env.main_port();
-  if (options_.num_nodes > 1 && (!env_set("MASTER_ADDR") || !env_set("MASTER_PORT"))) {
+  const auto env = detect_cluster_environment();
+  const int64_t processes = lo.num_processes * options_.num_nodes;
+  if (env->name() == "slurm" && env->world_size() != processes) {
+    throw std::invalid_argument("SLURM started SLURM_NTASKS=" + std::to_string(env->world_size()) +
+                                " tasks but the Trainer asks for num_nodes=" + std::to_string(options_.num_nodes) +
+                                " x devices=" + std::to_string(lo.num_processes) + " = " + std::to_string(processes) +
+                                " processes; start one task per device (sbatch --nodes=" + std::to_string(options_.num_nodes) +
+                                " --ntasks-per-node=" + std::to_string(lo.num_processes) + ")");
+  }
+  lo.node_rank = env->node_rank();
+  lo.main_address = env->main_address();
+  lo.main_port = env->main_port();
+  const bool launches_nodes = options_.num_nodes > 1 && !env->creates_processes_externally();
+  if (launches_nodes && (!env_set("MASTER_ADDR") || !env_set("MASTER_PORT") || !env_set("NODE_RANK"))) {
     throw std::invalid_argument("num_nodes=" + std::to_string(options_.num_nodes) +
-                                " needs MASTER_ADDR and MASTER_PORT (the address and port of node 0's store) and "
-                                "NODE_RANK on every node");
+                                " needs MASTER_ADDR and MASTER_PORT (node 0's address and a free port, the same on every "
+                                "node) and NODE_RANK (0 to " + std::to_string(options_.num_nodes - 1) +
+                                ", different on each node) in the environment of every node");
   }
   if (lo.node_rank >= options_.num_nodes) {
     throw std::invalid_argument("NODE_RANK=" + std::to_string(lo.node_rank) + " is outside [0, " +
@@ -82,11 +92,12 @@ int64_t ParallelStrategy::world_size() const { return launched_ ? world_size_ : 
 c10::Device ParallelStrategy::root_device() const { return accelerator_->device(local_rank()); }
 
 void ParallelStrategy::setup_environment() {
-  LightningEnvironment env;
-  rank_ = env.global_rank();
-  local_rank_ = env.local_rank();
-  node_rank_ = env.node_rank();
-  world_size_ = env.world_size();
+  const auto env = detect_cluster_environment();
+  rank_ = env->global_rank();
+  local_rank_ = env->local_rank();
+  node_rank_ = env->node_rank();
+  world_size_ = env->world_size();
+  std::cerr << "fulgur: " << describe(*env) << std::endl;
   const char* lws = std::getenv("LOCAL_WORLD_SIZE");
   const int64_t local_world = lws && *lws ? std::atoll(lws) : static_cast<int64_t>(parallel_devices_.size());
   runtime::apply_thread_policy(local_world);
@@ -95,14 +106,19 @@ void ParallelStrategy::setup_environment() {
   ro.world_size = world_size_;
   ro.timeout = options_.timeout;
   ro.debug = options_.debug;
+  ro.local_world_size = local_world;
   if (const char* store = std::getenv("FULGUR_STORE"); store && *store) {
     ro.store_path = store;
   } else {
-    ro.host = env.main_address();
-    ro.port = env.main_port();
+    ro.host = env->main_address();
+    ro.port = env->main_port();
     const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-    ro.store_served_externally = agent && std::string(agent) == "True";
+    // Across nodes, fulgur's launcher on node 0 serves the store, one key prefix per launch.
+    const bool parent = env_set("FULGUR_PARENT_STORE");
+    ro.store_served_externally = (agent && std::string(agent) == "True") || parent;
+    if (parent) ro.store_prefix = std::string("launch-") + std::getenv("FULGUR_LAUNCH_INDEX");
     if (const char* bind = std::getenv("FULGUR_BIND_ADDRESS"); bind && *bind) ro.bind_address = bind;
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) ro.socket_ifname = ifname;
   }
   collectives_ = Collectives::create(ro);
   launched_ = true;
