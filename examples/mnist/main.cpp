@@ -1,18 +1,38 @@
 // Trains the MNIST CNN and prints its test accuracy.
 //   build/bin/mnist --data-dir data/mnist --accelerator xla --devices auto --strategy xla --max-epochs 1
+// Across machines, see docs/MULTI_NODE.md.
 
 #include "mnist_module.h"
 
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+
+namespace {
+
+// Writes each rank's final parameters to <dir>/rank-<global rank>.pt
+// (torch::save of the parameter list, in order), at the end of fit.
+struct SaveWeights : fulgur::Callback {
+  explicit SaveWeights(std::string dir) : dir(std::move(dir)) {}
+  std::string state_key() const override { return "SaveWeights"; }
+  void on_fit_end(fulgur::Trainer& trainer, fulgur::LightningModule& module) override {
+    std::vector<torch::Tensor> params;
+    for (const auto& p : module.parameters()) params.push_back(p.detach().to(torch::kCPU));
+    std::filesystem::create_directories(dir);
+    torch::save(params, dir + "/rank-" + std::to_string(trainer.global_rank()) + ".pt");
+  }
+  std::string dir;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Train a small CNN on MNIST with fulgur"};
   std::string accelerator = "auto", devices = "1", strategy = "auto", precision = "32-true";
-  std::string root = "runs/mnist", ckpt_path, data_dir = "data/mnist", start_method = "fork";
-  int64_t max_epochs = 1, max_steps = -1, batch_size = 64, train_limit = 0, num_nodes = 1;
+  std::string root = "runs/mnist", ckpt_path, data_dir = "data/mnist", start_method = "fork", save_weights;
+  int64_t max_epochs = 1, max_steps = -1, batch_size = 64, train_limit = 0, num_nodes = 1, timeout_s = 1800;
   double limit_train = 1.0, lr = 1e-3;
   uint64_t seed = 42;
   bool no_test = false;
@@ -32,6 +52,9 @@ int main(int argc, char** argv) {
   app.add_option("--ckpt-path", ckpt_path, "resume from: a file, last or best");
   app.add_option("--data-dir", data_dir);
   app.add_option("--start-method", start_method, "fork or spawn");
+  app.add_option("--collective-timeout", timeout_s, "seconds a collective or the rendezvous may wait")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--save-weights", save_weights, "folder: each rank writes its final parameters to rank-<R>.pt");
   app.add_flag("--no-test", no_test, "skip the test run after fit");
   CLI11_PARSE(app, argc, argv);
 
@@ -42,7 +65,8 @@ int main(int argc, char** argv) {
     fulgur::TrainerOptions opts;
     opts.accelerator(accelerator).devices(devices).strategy(strategy).precision(precision).num_nodes(num_nodes);
     opts.max_epochs(max_epochs).max_steps(max_steps).default_root_dir(root).seed(seed).start_method(start_method);
-    opts.log_every_n_steps(20);
+    opts.log_every_n_steps(20).collective_timeout_ms(timeout_s * 1000);
+    if (!save_weights.empty()) opts.callbacks({std::make_shared<SaveWeights>(save_weights)});
     if (limit_train > 1.0) {
       opts.limit_train_batches(static_cast<int64_t>(limit_train));
     } else {
