@@ -75,10 +75,13 @@ int main(int argc, char** argv) {
     fulgur::Trainer trainer(opts);
     trainer.fit(*model, data, ckpt_path);
     if (!no_test) {
+      // Rank 0's results come back to node 0 only.
       auto metrics = trainer.test(*model, data);
-      std::printf("test accuracy: %.4f (loss %.4f)\n", metrics["test_acc"], metrics["test_loss"]);
+      if (metrics.count("test_acc")) std::printf("test accuracy: %.4f (loss %.4f)\n", metrics["test_acc"], metrics["test_loss"]);
     }
-    if (auto* ckpt = trainer.checkpoint_callback()) std::printf("checkpoint: %s\n", ckpt->best_model_path().c_str());
+    if (auto* ckpt = trainer.checkpoint_callback(); ckpt && !ckpt->best_model_path().empty()) {
+      std::printf("checkpoint: %s\n", ckpt->best_model_path().c_str());
+    }
   } catch (const fulgur::WorkerFailure& e) {
     std::fprintf(stderr, "mnist: %s\n", e.what());
     return e.exit_code();

@@ -22,4 +22,8 @@ LocalInterface interface_toward(const std::string& host);
 // The names of this machine's interfaces that have an address, sorted.
 std::vector<std::string> interface_names();
 
+// True when something accepts TCP connections at host:port within `timeout_ms`
+// (the connection is closed at once). Logs nothing, unlike c10d's retrying connect.
+bool accepts_connections(const std::string& host, int port, int timeout_ms);
+
 }  // namespace fulgur::detail

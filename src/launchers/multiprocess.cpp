@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "distributed/network.h"
 #include "runtime/signals.h"
 #include "runtime/threads.h"
 
@@ -124,7 +125,8 @@ ErrorRecord read_error_record(const std::string& dir, int64_t rank) {
 // "launch-<i>/"), so that it outlives any worker and carries the first
 // failure to the other nodes. Other nodes' launchers connect only when they
 // have a failure to report. Returns nullptr if the store cannot be reached.
-c10::intrusive_ptr<::c10d::Store> node_store(const MultiProcessLauncherOptions& o) {
+c10::intrusive_ptr<::c10d::Store> node_store(const MultiProcessLauncherOptions& o,
+                                             std::chrono::milliseconds connect_timeout = std::chrono::seconds(3)) {
   static c10::intrusive_ptr<::c10d::Store> store;
   if (store) return store;
   ::c10d::TCPStoreOptions so;
@@ -142,7 +144,8 @@ c10::intrusive_ptr<::c10d::Store> node_store(const MultiProcessLauncherOptions& 
     }
     return store;
   }
-  so.timeout = std::chrono::seconds(3);
+  so.timeout = connect_timeout;
+  if (!detail::accepts_connections(o.main_address, o.main_port, 100)) return {};  // node 0 is not up (or gone)
   try {
     store = c10::make_intrusive<::c10d::TCPStore>(o.main_address, so);
   } catch (const std::exception&) {
@@ -167,9 +170,10 @@ void report_failure_to_job(const MultiProcessLauncherOptions& o, int64_t index, 
 }
 
 // The first failure another node recorded for this launch, or "".
-std::string failure_elsewhere(const MultiProcessLauncherOptions& o, int64_t index) {
+std::string failure_elsewhere(const MultiProcessLauncherOptions& o, int64_t index,
+                              std::chrono::milliseconds connect_timeout = std::chrono::seconds(3)) {
   try {
-    auto store = node_store(o);
+    auto store = node_store(o, connect_timeout);
     const std::string key = "launch-" + std::to_string(index) + "/fulgur/failure";
     if (!store || !store->check({key})) return "";
     const std::vector<uint8_t> v = store->get(key);
@@ -247,6 +251,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
     const int64_t index = std::atoll(std::getenv(kLaunchIndexEnv));
     const int64_t mine = g_launches++;
     if (mine < index) {
+      if (options_.num_nodes > 1 && options_.node_rank != 0) return c10::IValue();  // as the parent got
       const std::string earlier = fs::path(std::getenv(kLaunchDirEnv)).parent_path() / ("launch-" + std::to_string(mine)) / "result.pt";
       return TorchCheckpointIO().load_checkpoint(earlier).at("result");
     }
@@ -324,7 +329,19 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   bool stopping = false;
   double stop_time = 0;  // when the parent began stopping the others
   auto stop_deadline = std::chrono::steady_clock::time_point::max();
+  auto next_poll = std::chrono::steady_clock::now();
   while (alive > 0) {
+    // Another node's failure stops this node's workers too.
+    if (several_nodes && !stopping && !forwarded && std::chrono::steady_clock::now() >= next_poll) {
+      if (!failure_elsewhere(options_, index, std::chrono::milliseconds(1000)).empty()) {
+        stopping = true;
+        stop_time = now_seconds();
+        for (int64_t j = 0; j < n; ++j)
+          if (!exits[j].done) ::kill(pids[j], SIGTERM);
+        stop_deadline = std::chrono::steady_clock::now() + options_.grace_period;
+      }
+      next_poll = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    }
     if (!forwarded && runtime::received_stop_signal() != 0) {
       forwarded = true;
       for (int64_t i = 0; i < n; ++i)
