@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -148,9 +149,14 @@ class GlooCollectives : public Collectives {
         so.numWorkers = static_cast<size_t>(o.world_size);
         so.waitWorkers = false;
         so.timeout = o.timeout;
-        store_ = c10::make_intrusive<::c10d::TCPStore>(o.host, so);
+        std::string prefix = o.store_prefix;
+        store_ = shared_tcp_store(o.host, so, prefix);
+        store_->setTimeout(o.timeout);
+        if (!prefix.empty()) store_ = c10::make_intrusive<::c10d::PrefixStore>(prefix, store_);
       }
-      if (!o.store_prefix.empty()) store_ = c10::make_intrusive<::c10d::PrefixStore>(o.store_prefix, store_);
+      if (!o.store_path.empty() && !o.store_prefix.empty()) {
+        store_ = c10::make_intrusive<::c10d::PrefixStore>(o.store_prefix, store_);
+      }
     } catch (const std::exception& e) {
       const std::string msg = first_line(e.what());
       if (msg.find("in use") != std::string::npos || msg.find("bind") != std::string::npos) {
@@ -258,7 +264,7 @@ class GlooCollectives : public Collectives {
     // Closing this rank's connections first makes the live ranks that wait on
     // it fail too, so that they report in time and only the lost ones are named.
     pg_.reset();
-    std::string missing = missing_ranks(seq);
+    std::string missing = missing_ranks();
     std::ostringstream os;
     os << what << " (collective #" << seq << ") ";
     if (timeout) {
@@ -276,6 +282,21 @@ class GlooCollectives : public Collectives {
 
  private:
   static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+  // One TCP store per address for the life of the process: the later groups
+  // of a process (fit, then test) meet in the same store, under "group-<k>/"
+  // added to `prefix`, while rank 0 keeps serving it. A store that rank 0
+  // closed after the first group would break the others' connections.
+  static c10::intrusive_ptr<::c10d::Store> shared_tcp_store(const std::string& host, const ::c10d::TCPStoreOptions& so,
+                                                           std::string& prefix) {
+    static std::map<std::string, std::pair<c10::intrusive_ptr<::c10d::Store>, int>> stores;
+    if (so.port == 0) return c10::make_intrusive<::c10d::TCPStore>(host, so);  // a new free port each time
+    const std::string key = host + ":" + std::to_string(so.port) + (so.isServer ? "/server" : "/client");
+    auto& [store, groups] = stores[key];
+    if (!store) store = c10::make_intrusive<::c10d::TCPStore>(host, so);
+    if (++groups > 1) prefix += (prefix.empty() ? "" : "/") + std::string("group-") + std::to_string(groups);
+    return store;
+  }
 
   // Single node or a loopback main address: 127.0.0.1. Otherwise the
   // address given, the interfaces named, or the interface reaching the store.
@@ -404,10 +425,12 @@ class GlooCollectives : public Collectives {
 
   // After a failure: ranks that report within a short wait are alive and
   // arrived; the others are named.
-  std::string missing_ranks(int64_t seq) {
+  // A group fails once, but ranks may fail in neighbouring collectives (one
+  // finished #32 while another still waited in it), so marks carry no number.
+  std::string missing_ranks() {
     if (!store_) return "ranks that did not arrive: unknown";
     try {
-      const std::string prefix = "fulgur/failed/" + std::to_string(seq) + "/";
+      const std::string prefix = "fulgur/failed/";
       store_->set(prefix + std::to_string(opts_.rank), std::vector<uint8_t>{1});
       const auto deadline = std::chrono::steady_clock::now() +
                             std::min<std::chrono::milliseconds>(opts_.timeout, std::chrono::milliseconds(1500));
