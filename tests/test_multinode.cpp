@@ -131,7 +131,7 @@ TEST(ClusterEnvironment, SlurmTaskCountMustMatchNodesTimesDevices) {
 }
 
 TEST(ClusterEnvironment, SeveralNodesNeedMainAddressPortAndNodeRank) {
-  EnvGuard g({{"MASTER_ADDR", "10.9.9.9"}, {"MASTER_PORT", "29500"}, {"NODE_RANK", std::nullopt},
+  EnvGuard g({{"MASTER_ADDR", "10.9.9.9"}, {"MASTER_PORT", "29500"}, {"NODE_RANK", std::nullopt}, {"NUM_NODES", std::nullopt},
               {"SLURM_NTASKS", std::nullopt}, {"RANK", std::nullopt}, {"LOCAL_RANK", std::nullopt}});
   try {
     Trainer t(TrainerOptions().accelerator("cpu").strategy("ddp").devices(2).num_nodes(2));
@@ -141,6 +141,14 @@ TEST(ClusterEnvironment, SeveralNodesNeedMainAddressPortAndNodeRank) {
   }
   setenv("NODE_RANK", "2", 1);
   EXPECT_THROW(Trainer(TrainerOptions().accelerator("cpu").strategy("ddp").devices(2).num_nodes(2)), std::invalid_argument);
+  setenv("NODE_RANK", "1", 1);
+  setenv("NUM_NODES", "3", 1);
+  try {
+    Trainer t(TrainerOptions().accelerator("cpu").strategy("ddp").devices(2).num_nodes(2));
+    FAIL() << "num_nodes=2 with NUM_NODES=3 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(contains(e.what(), "num_nodes=2 but the environment has NUM_NODES=3")) << e.what();
+  }
 }
 
 // --- Gloo's interface --------------------------------------------------------

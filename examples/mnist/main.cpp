@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -40,7 +41,8 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices, "auto, a count, or indices like 0,1");
   app.add_option("--strategy", strategy, "auto, single_device, ddp, xla, xla_debug");
   app.add_option("--precision", precision, "32-true or bf16-true");
-  app.add_option("--num-nodes", num_nodes, "machines in the job");
+  if (const char* nodes = std::getenv("NUM_NODES"); nodes && *nodes) num_nodes = std::atoll(nodes);
+  app.add_option("--num-nodes", num_nodes, "machines in the job (default: $NUM_NODES, else 1)");
   app.add_option("--max-epochs", max_epochs);
   app.add_option("--max-steps", max_steps);
   app.add_option("--limit-train-batches", limit_train, "fraction (<=1.0) or count (>1) of batches per epoch");

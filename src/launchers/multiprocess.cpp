@@ -123,8 +123,9 @@ ErrorRecord read_error_record(const std::string& dir, int64_t rank) {
 // The store of a job across nodes. Node 0's launcher serves it on
 // MASTER_PORT for the life of the process (each launch's keys under
 // "launch-<i>/"), so that it outlives any worker and carries the first
-// failure to the other nodes. Other nodes' launchers connect only when they
-// have a failure to report. Returns nullptr if the store cannot be reached.
+// failure to the other nodes. Other nodes' launchers connect (to record or
+// read failures) once node 0 accepts connections. Returns an empty pointer
+// while the store cannot be reached.
 c10::intrusive_ptr<::c10d::Store> node_store(const MultiProcessLauncherOptions& o,
                                              std::chrono::milliseconds connect_timeout = std::chrono::seconds(3)) {
   static c10::intrusive_ptr<::c10d::Store> store;

@@ -117,6 +117,10 @@ void ParallelStrategy::setup_environment() {
     const bool parent = env_set("FULGUR_PARENT_STORE");
     ro.store_served_externally = (agent && std::string(agent) == "True") || parent;
     if (parent) ro.store_prefix = std::string("launch-") + std::getenv("FULGUR_LAUNCH_INDEX");
+    // torchrun's agent store outlives restarts: each attempt has its own keys, as in torch.distributed.
+    if (const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT"); !parent && ro.store_served_externally && attempt) {
+      ro.store_prefix = std::string("/worker/attempt_") + attempt;
+    }
     if (const char* bind = std::getenv("FULGUR_BIND_ADDRESS"); bind && *bind) ro.bind_address = bind;
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) ro.socket_ifname = ifname;
   }
