@@ -10,12 +10,15 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -244,6 +247,11 @@ struct TwoHosts {
   // stdout and stderr go to `log`.
   pid_t start(int node, const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
               const std::string& log) const {
+    return start_in(node, ns, argv, env, log);
+  }
+  // The same in namespace ns[node], or here when node < 0.
+  static pid_t start_in(int node, const std::vector<std::string>& ns, const std::vector<std::string>& argv,
+                        const std::map<std::string, std::string>& env, const std::string& log) {
     const std::string ns_path = node < 0 ? "" : "/run/netns/" + ns[node];
     const pid_t pid = ::fork();
     if (pid == 0) {
@@ -298,6 +306,19 @@ std::vector<std::string> mnist_args(const std::string& dir, int devices, int nod
           dir + "/weights"};
 }
 
+// A TCP port nobody listens on right now.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
 std::map<std::string, std::string> node_env(int node) {
   return {{"MASTER_ADDR", TwoHosts::address(0)}, {"MASTER_PORT", "29500"}, {"NODE_RANK", std::to_string(node)}};
 }
@@ -323,6 +344,57 @@ void wait_for_training(const std::string& log) {
   ASSERT_TRUE((hosts).ok) << "could not set up the namespaces " << (hosts).ns[0] << " and " << (hosts).ns[1]
 
 }  // namespace
+
+// srun's part played by hand: two forked tasks with SLURM's variables on
+// this machine. fulgur starts no process; the tasks meet at the first host of
+// the node list, on MASTER_PORT, for fit and then for validate.
+TEST(OutsideLauncher, SlurmTasksRunFitThenValidateInTheSameStore) {
+  TempDir dir;
+  const int port = free_port();
+  std::vector<pid_t> tasks;
+  for (int r = 0; r < 2; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      std::string error;
+      try {
+        for (const auto& [k, v] : std::map<std::string, std::string>{
+                 {"SLURM_NTASKS", "2"}, {"SLURM_PROCID", std::to_string(r)}, {"SLURM_LOCALID", std::to_string(r)},
+                 {"SLURM_NODEID", "0"}, {"SLURM_NODELIST", "localhost"}, {"SLURM_JOB_NAME", "train"},
+                 {"MASTER_PORT", std::to_string(port)}}) {
+          setenv(k.c_str(), v.c_str(), 1);
+        }
+        struct Ranks : fulgur::testing::TinyRegression {
+          StepOutput training_step(const Batch& b, int64_t i) override {
+            world = trainer()->world_size();
+            rank = trainer()->global_rank();
+            return TinyRegression::training_step(b, i);
+          }
+          int64_t world = 0, rank = -1;
+        } m;
+        Trainer t(TrainerOptions().accelerator("cpu").strategy("ddp").devices(2).max_steps(3)
+                      .default_root_dir(dir.path).enable_progress_bar(false).enable_checkpointing(false)
+                      .collective_timeout_ms(20000));
+        auto data = std::make_shared<DataLoader>(fulgur::testing::regression_data(64), DataLoaderOptions(4));
+        t.fit(m, data);
+        if (m.world != 2 || m.rank != r) throw std::runtime_error("ranks were not SLURM's");
+        t.validate(m, data);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      std::ofstream(dir.path + "/task" + std::to_string(r) + ".txt") << error;
+      std::fflush(nullptr);
+      ::_exit(error.empty() ? 0 : 1);
+    }
+    tasks.push_back(pid);
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto status = wait_for(tasks[r], std::chrono::seconds(60));
+    if (!status) ::kill(tasks[r], SIGKILL);
+    ASSERT_TRUE(status.has_value()) << "task " << r << " did not finish";
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+        << "task " << r << ": " << read_file(dir.path + "/task" + std::to_string(r) + ".txt");
+  }
+}
 
 TEST(TwoHosts, TwoNodesOfTwoWorkersMatchOneWorkerWithTheSameGlobalBatch) {
   TwoHosts hosts;
