@@ -6,7 +6,7 @@
 
 #include "distributed/network.h"
 
-#include <fulgur/strategies/ddp.h>
+#include <fulgur/plugins/environments/cluster_environment.h>
 
 #include <gtest/gtest.h>
 
@@ -278,6 +278,21 @@ struct TwoHosts {
   bool ok = false;
 };
 
+// Kills and reaps, at scope exit, the children in `pids` that still run
+// (an assertion may end a test early).
+struct Reaper {
+  ~Reaper() {
+    for (pid_t p : pids) {
+      int status = 0;
+      if (::waitpid(p, &status, WNOHANG) == 0) {
+        ::kill(p, SIGKILL);
+        ::waitpid(p, &status, 0);
+      }
+    }
+  }
+  std::vector<pid_t> pids;
+};
+
 // Waits for `pid` up to `limit`; returns its status, or nullopt on timeout.
 std::optional<int> wait_for(pid_t pid, std::chrono::seconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
@@ -351,7 +366,8 @@ void wait_for_training(const std::string& log) {
 TEST(OutsideLauncher, SlurmTasksRunFitThenValidateInTheSameStore) {
   TempDir dir;
   const int port = free_port();
-  std::vector<pid_t> tasks;
+  Reaper reaper;
+  std::vector<pid_t>& tasks = reaper.pids;
   for (int r = 0; r < 2; ++r) {
     const pid_t pid = ::fork();
     if (pid == 0) {
@@ -389,7 +405,6 @@ TEST(OutsideLauncher, SlurmTasksRunFitThenValidateInTheSameStore) {
   }
   for (int r = 0; r < 2; ++r) {
     auto status = wait_for(tasks[r], std::chrono::seconds(60));
-    if (!status) ::kill(tasks[r], SIGKILL);
     ASSERT_TRUE(status.has_value()) << "task " << r << " did not finish";
     EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
         << "task " << r << ": " << read_file(dir.path + "/task" + std::to_string(r) + ".txt");
@@ -401,12 +416,14 @@ TEST(TwoHosts, TwoNodesOfTwoWorkersMatchOneWorkerWithTheSameGlobalBatch) {
   NEED_TWO_HOSTS(hosts);
   TempDir dir;
   const auto start = std::chrono::steady_clock::now();
-  std::vector<pid_t> nodes;
+  Reaper reaper;
+  std::vector<pid_t>& nodes = reaper.pids;
   for (int node = 0; node < 2; ++node) {
     nodes.push_back(hosts.start(node, mnist_args(dir.path + "/two", 2, 2, 16, 6), node_env(node),
                                 dir.path + "/node" + std::to_string(node) + ".log"));
   }
   const pid_t single = hosts.start(-1, mnist_args(dir.path + "/one", 1, 1, 64, 6), {}, dir.path + "/one.log");
+  reaper.pids.push_back(single);
   for (int node = 0; node < 2; ++node) {
     auto status = wait_for(nodes[node], std::chrono::seconds(90));
     const std::string log = read_file(dir.path + "/node" + std::to_string(node) + ".log");
@@ -445,7 +462,8 @@ TEST(TwoHosts, KilledNodeStopsTheOtherWithItsNameAndRanks) {
   TwoHosts hosts;
   NEED_TWO_HOSTS(hosts);
   TempDir dir;
-  std::vector<pid_t> nodes;
+  Reaper reaper;
+  std::vector<pid_t>& nodes = reaper.pids;
   for (int node = 0; node < 2; ++node) {
     nodes.push_back(hosts.start(node, mnist_args(dir.path, 2, 2, 16, 100000), node_env(node),
                                 dir.path + "/node" + std::to_string(node) + ".log"));
@@ -473,7 +491,8 @@ TEST(TwoHosts, KilledWorkerOnOneNodeIsNamedOnTheOther) {
   TwoHosts hosts;
   NEED_TWO_HOSTS(hosts);
   TempDir dir;
-  std::vector<pid_t> nodes;
+  Reaper reaper;
+  std::vector<pid_t>& nodes = reaper.pids;
   for (int node = 0; node < 2; ++node) {
     nodes.push_back(hosts.start(node, mnist_args(dir.path, 2, 2, 16, 100000), node_env(node),
                                 dir.path + "/node" + std::to_string(node) + ".log"));

@@ -8,9 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <fcntl.h>
-
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <stdexcept>
 
