@@ -321,6 +321,22 @@ std::vector<std::string> mnist_args(const std::string& dir, int devices, int nod
           dir + "/weights"};
 }
 
+// Processes anywhere on the machine whose command line contains `part`.
+std::vector<int> processes_with(const std::string& part) {
+  std::vector<int> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = read_file((e.path() / "cmdline").string());
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    const std::string stat = read_file((e.path() / "stat").string());
+    const auto close = stat.rfind(')');
+    const bool zombie = close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+    if (!zombie && contains(cmd, part)) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
 // A TCP port nobody listens on right now.
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -409,6 +425,39 @@ TEST(OutsideLauncher, SlurmTasksRunFitThenValidateInTheSameStore) {
     EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
         << "task " << r << ": " << read_file(dir.path + "/task" + std::to_string(r) + ".txt");
   }
+}
+
+// Two nodes on one machine (MASTER_ADDR=127.0.0.1, no root needed). Node 1's
+// workers fail before training, while node 0's wait in the rendezvous: node
+// 0's launcher reads node 1's record in the store and stops its workers long
+// before the collective timeout (20 s).
+TEST(TwoNodesOnLoopback, FailureOnOneNodeDuringRendezvousStopsTheOther) {
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  Reaper reaper;
+  std::vector<pid_t>& nodes = reaper.pids;
+  const auto start = std::chrono::steady_clock::now();
+  for (int node = 0; node < 2; ++node) {
+    std::map<std::string, std::string> env{{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port},
+                                           {"NODE_RANK", std::to_string(node)}};
+    if (node == 1) env["GLOO_SOCKET_IFNAME"] = "nosuch0";
+    nodes.push_back(TwoHosts::start_in(-1, {}, mnist_args(dir.path, 2, 2, 16, 6), env,
+                                       dir.path + "/node" + std::to_string(node) + ".log"));
+  }
+  auto status0 = wait_for(nodes[0], std::chrono::seconds(40));
+  auto status1 = wait_for(nodes[1], std::chrono::seconds(10));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string log0 = read_file(dir.path + "/node0.log"), log1 = read_file(dir.path + "/node1.log");
+  ASSERT_TRUE(status0 && status1) << log0 << "\n---\n" << log1;
+  EXPECT_TRUE(WIFEXITED(*status1) && WEXITSTATUS(*status1) != 0) << log1;
+  EXPECT_TRUE(WIFEXITED(*status0) && WEXITSTATUS(*status0) != 0) << log0;
+  EXPECT_TRUE(contains(log1, "GLOO_SOCKET_IFNAME='nosuch0': this machine has no interface 'nosuch0' with an address; "
+                             "interfaces: ")) << log1;
+  EXPECT_TRUE(contains(report_line(log0), "node 0 stopped because the job failed on node 1: worker rank ")) << log0;
+  EXPECT_TRUE(contains(report_line(log0), "GLOO_SOCKET_IFNAME='nosuch0'")) << log0;
+  EXPECT_LT(seconds, 15.0) << "node 0 waited for the collective timeout instead";
+  std::printf("both nodes stopped %.1f s after the start; node 0 reported:\n%s\n", seconds, report_line(log0).c_str());
+  EXPECT_TRUE(processes_with(dir.path).empty()) << "a process of the job is left";
 }
 
 TEST(TwoHosts, TwoNodesOfTwoWorkersMatchOneWorkerWithTheSameGlobalBatch) {
