@@ -4,8 +4,8 @@
 #include <fulgur/distributed/collectives.h>
 #include "trainer/optim_state.h"
 #include "trainer/trainer_impl.h"
-#include "xla/backend.h"
-#include "xla/module_mover.h"
+#include <fulgur/xla/backend.h>
+#include <fulgur/xla/module_mover.h>
 
 #include <torch/torch.h>
 

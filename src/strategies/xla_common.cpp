@@ -2,7 +2,7 @@
 
 #include <fulgur/data/device_loader.h>
 
-#include "xla/backend.h"
+#include <fulgur/xla/backend.h>
 
 #include <stdexcept>
 #include <string>

@@ -1,4 +1,4 @@
-#include "xla/backend.h"
+#include <fulgur/xla/backend.h>
 
 #include <cstdio>
 #include <cstdlib>
