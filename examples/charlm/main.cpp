@@ -51,7 +51,10 @@ int main(int argc, char** argv) {
     fulgur::Trainer trainer(opts);
     trainer.fit(*model, data, ckpt_path);
     const auto& m = trainer.callback_metrics();
-    if (auto it = m.find("val_loss"); it != m.end()) std::printf("validation loss: %.4f nats\n", it->second);
+    if (auto it = m.find("val_loss"); it != m.end()) {
+      std::printf("validation loss: %.4f nats, %.2f of the unigram entropy\n", it->second,
+                  it->second / data.text->unigram_entropy());
+    }
     model->eval();
     auto ids = model->generate(data.text->encode("And God said").unsqueeze(0), sample_chars);
     std::printf("sample:\n%s\n", data.text->decode(ids[0]).c_str());

@@ -1,5 +1,7 @@
 #include <fulgur/xla/backend.h>
 
+#include <ATen/FunctionalTensorWrapper.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -85,6 +87,14 @@ std::string metrics_report() {
 
 void note_inputs(const std::vector<at::Tensor>& inputs) {
   if (backend_started()) instance()->note_inputs(inputs);
+}
+
+void apply_pending_updates(const std::vector<at::Tensor>& tensors) {
+  for (const auto& t : tensors) {
+    if (t.defined() && at::functionalization::impl::isFunctionalTensor(t)) {
+      at::functionalization::impl::unsafeGetFunctionalWrapper(t)->apply_updates();
+    }
+  }
 }
 
 }  // namespace fulgur::xla
