@@ -1,4 +1,4 @@
-// Trains the MNIST CNN and prints its test accuracy.
+// Trains an MNIST classifier (the CNN by default) and prints its test accuracy.
 //   build/bin/mnist --data-dir data/mnist --accelerator xla --devices auto --strategy xla --max-epochs 1
 // Across machines, see docs/MULTI_NODE.md.
 
@@ -31,12 +31,13 @@ struct SaveWeights : fulgur::Callback {
 
 int main(int argc, char** argv) {
   CLI::App app{"Train a small CNN on MNIST with fulgur"};
-  std::string accelerator = "auto", devices = "1", strategy = "auto", precision = "32-true";
+  std::string model_name = "cnn", accelerator = "auto", devices = "1", strategy = "auto", precision = "32-true";
   std::string root = "runs/mnist", ckpt_path, data_dir = "data/mnist", start_method = "fork", save_weights;
   int64_t max_epochs = 1, max_steps = -1, batch_size = 64, train_limit = 0, num_nodes = 1, timeout_s = 1800;
   double limit_train = 1.0, lr = 1e-3;
   uint64_t seed = 42;
   bool no_test = false;
+  app.add_option("--model", model_name, "cnn or mlp");
   app.add_option("--accelerator", accelerator, "cpu, xla or auto");
   app.add_option("--devices", devices, "auto, a count, or indices like 0,1");
   app.add_option("--strategy", strategy, "auto, single_device, ddp, xla, xla_debug");
@@ -62,7 +63,7 @@ int main(int argc, char** argv) {
 
   try {
     fulgur::seed_everything(seed);
-    auto model = std::make_shared<mnist::CNN>(lr);
+    auto model = mnist::make_model(model_name, lr);
     mnist::DataModule data(data_dir, batch_size, seed, train_limit);
     fulgur::TrainerOptions opts;
     opts.accelerator(accelerator).devices(devices).strategy(strategy).precision(precision).num_nodes(num_nodes);

@@ -7,25 +7,17 @@
 
 namespace mnist {
 
-// A small CNN: two 5x5 convolutions with pooling, then two linear layers.
-struct CNN : fulgur::LightningModule {
-  explicit CNN(double lr = 1e-3) : fulgur::LightningModule("MnistCNN"), lr(lr) {
-    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 5).padding(2)));
-    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5).padding(2)));
-    fc1 = register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128));
-    fc2 = register_module("fc2", torch::nn::Linear(128, 10));
+// The steps, metrics and optimizer of every MNIST classifier; subclasses
+// give the layers.
+struct Classifier : fulgur::LightningModule {
+  Classifier(std::string name, std::string model, double lr) : fulgur::LightningModule(std::move(name)), lr(lr) {
     auto hp = fulgur::make_dict();
     hp.insert("lr", lr);
-    hp.insert("model", std::string("cnn"));
+    hp.insert("model", std::move(model));
     save_hyperparameters(hp);
   }
 
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::max_pool2d(torch::relu(conv1->forward(x)), 2);
-    x = torch::max_pool2d(torch::relu(conv2->forward(x)), 2);
-    x = torch::relu(fc1->forward(x.flatten(1)));
-    return fc2->forward(x);
-  }
+  virtual torch::Tensor forward(torch::Tensor x) = 0;
 
   fulgur::StepOutput training_step(const fulgur::Batch& batch, int64_t) override {
     auto loss = torch::cross_entropy_loss(forward(batch.data), batch.target);
@@ -57,9 +49,51 @@ struct CNN : fulgur::LightningModule {
   }
 
   double lr;
+};
+
+// A small CNN: two 5x5 convolutions with pooling, then two linear layers.
+struct CNN : Classifier {
+  explicit CNN(double lr = 1e-3) : Classifier("MnistCNN", "cnn", lr) {
+    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 5).padding(2)));
+    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5).padding(2)));
+    fc1 = register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128));
+    fc2 = register_module("fc2", torch::nn::Linear(128, 10));
+  }
+
+  torch::Tensor forward(torch::Tensor x) override {
+    x = torch::max_pool2d(torch::relu(conv1->forward(x)), 2);
+    x = torch::max_pool2d(torch::relu(conv2->forward(x)), 2);
+    x = torch::relu(fc1->forward(x.flatten(1)));
+    return fc2->forward(x);
+  }
+
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
+
+// A multi-layer perceptron: 784 -> 256 -> 128 -> 10 with ReLU.
+struct MLP : Classifier {
+  explicit MLP(double lr = 1e-3) : Classifier("MnistMLP", "mlp", lr) {
+    fc1 = register_module("fc1", torch::nn::Linear(28 * 28, 256));
+    fc2 = register_module("fc2", torch::nn::Linear(256, 128));
+    fc3 = register_module("fc3", torch::nn::Linear(128, 10));
+  }
+
+  torch::Tensor forward(torch::Tensor x) override {
+    x = torch::relu(fc1->forward(x.flatten(1)));
+    x = torch::relu(fc2->forward(x));
+    return fc3->forward(x);
+  }
+
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+
+// "cnn" or "mlp"; anything else is std::invalid_argument naming the choices.
+inline std::shared_ptr<Classifier> make_model(const std::string& name, double lr) {
+  if (name == "cnn") return std::make_shared<CNN>(lr);
+  if (name == "mlp") return std::make_shared<MLP>(lr);
+  throw std::invalid_argument("model '" + name + "' is unknown; choose cnn or mlp");
+}
 
 // MNIST train split as 55,000 training and 5,000 validation images; the
 // 10,000 test images for test.

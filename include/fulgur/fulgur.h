@@ -14,3 +14,5 @@
 #include <fulgur/loggers/csv_logger.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
+#include <fulgur/xla/backend.h>
+#include <fulgur/xla/module_mover.h>

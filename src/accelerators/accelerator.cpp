@@ -1,7 +1,7 @@
 #include <fulgur/accelerators/accelerator.h>
 
 #include "runtime/threads.h"
-#include "xla/backend.h"
+#include <fulgur/xla/backend.h>
 
 #include <algorithm>
 #include <cctype>

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -37,7 +38,12 @@ std::string ProgressBar::render(Trainer& trainer, int64_t batch_idx, int64_t tot
   return os.str();
 }
 
-void ProgressBar::on_train_epoch_start(Trainer&, LightningModule&) {
+void ProgressBar::on_train_epoch_start(Trainer& trainer, LightningModule&) {
+  // With max_steps inside this epoch, the epoch ends there (as Lightning shows it).
+  epoch_total_ = trainer.num_training_batches();
+  if (trainer.max_steps() > 0) {
+    epoch_total_ = std::min(epoch_total_, std::max<int64_t>(0, trainer.max_steps() - trainer.global_step()));
+  }
   epoch_start_ = std::chrono::steady_clock::now();
   last_draw_ = epoch_start_ - kRedraw;
   batches_seen_ = 0;
@@ -47,7 +53,7 @@ void ProgressBar::on_train_batch_end(Trainer& trainer, LightningModule&, const S
                                      int64_t batch_idx) {
   ++batches_seen_;
   if (!trainer.is_global_zero() || trainer.sanity_checking()) return;
-  const int64_t total = trainer.num_training_batches();
+  const int64_t total = epoch_total_;
   const int64_t done = batch_idx + 1;
   if (terminal_) {
     // Redraw at most every 100 ms (reading metrics is a host sync on xla devices).
@@ -65,8 +71,7 @@ void ProgressBar::on_train_batch_end(Trainer& trainer, LightningModule&, const S
 void ProgressBar::on_train_epoch_end(Trainer& trainer, LightningModule&) {
   if (!trainer.is_global_zero()) return;
   if (terminal_) {
-    out() << "\r" << render(trainer, trainer.num_training_batches(), trainer.num_training_batches()) << "\033[K\n"
-          << std::flush;
+    out() << "\r" << render(trainer, epoch_total_, epoch_total_) << "\033[K\n" << std::flush;
   }
 }
 

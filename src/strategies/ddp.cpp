@@ -6,7 +6,7 @@
 #include "strategies/xla_common.h"
 #include "runtime/threads.h"
 #include "trainer/trainer_impl.h"
-#include "xla/backend.h"
+#include <fulgur/xla/backend.h>
 
 #include <torch/torch.h>
 

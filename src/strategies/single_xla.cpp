@@ -1,7 +1,7 @@
 #include <fulgur/strategies/strategy.h>
 
 #include "strategies/xla_common.h"
-#include "xla/backend.h"
+#include <fulgur/xla/backend.h>
 
 namespace fulgur {
 

@@ -4,8 +4,9 @@
 #include <fulgur/distributed/collectives.h>
 #include "trainer/optim_state.h"
 #include "trainer/trainer_impl.h"
-#include "xla/backend.h"
-#include "xla/module_mover.h"
+#include "strategies/xla_common.h"
+#include <fulgur/xla/backend.h>
+#include <fulgur/xla/module_mover.h>
 
 #include <torch/torch.h>
 
@@ -103,7 +104,10 @@ void Strategy::optimizer_step(torch::optim::Optimizer& optimizer, const std::fun
     sync_gradients();
     if (before_step) before_step();
   };
-  hooks.after_step = [this] { mark_step(); };
+  hooks.after_step = [this, &optimizer] {
+    if (model_ && root_device().type() == c10::kLazy) detail::apply_pending_updates(*model_, optimizer);
+    mark_step();
+  };
   precision().optimizer_step(optimizer, closure, hooks);
 }
 

@@ -1,4 +1,6 @@
-#include "xla/backend.h"
+#include <fulgur/xla/backend.h>
+
+#include <ATen/FunctionalTensorWrapper.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -85,6 +87,14 @@ std::string metrics_report() {
 
 void note_inputs(const std::vector<at::Tensor>& inputs) {
   if (backend_started()) instance()->note_inputs(inputs);
+}
+
+void apply_pending_updates(const std::vector<at::Tensor>& tensors) {
+  for (const auto& t : tensors) {
+    if (t.defined() && at::functionalization::impl::isFunctionalTensor(t)) {
+      at::functionalization::impl::unsafeGetFunctionalWrapper(t)->apply_updates();
+    }
+  }
 }
 
 }  // namespace fulgur::xla

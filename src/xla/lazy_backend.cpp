@@ -6,7 +6,7 @@
 // 1.13 has no compile/execute time metrics, so mark_step times itself and
 // counts a step as a compile step when the UncachedCompile counter grew.
 
-#include "xla/backend.h"
+#include <fulgur/xla/backend.h>
 
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include "xla/module_mover.h"
+#include <fulgur/xla/module_mover.h>
 
 #include <torch/torch.h>
 
@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -159,6 +160,7 @@ void sync_lazy(const std::vector<at::Tensor>& ts) {
 struct Moved {
   at::Tensor old;     // keeps the old TensorImpl alive while remapping
   std::string name;   // a name for messages ("" for member-only tensors)
+  std::string owner;  // the module that registered it, as "path (Type)"
   size_t extra_refs;  // references to `old` that the copy itself holds
 };
 
@@ -196,7 +198,7 @@ void move_module(torch::nn::Module& module, const c10::Device& device) {
   std::unordered_map<const c10::TensorImpl*, at::Tensor> map;  // old -> new, keeps ties
   std::vector<Moved> moved;
 
-  auto move_tensor = [&](at::Tensor& t, bool is_param, const std::string& name) {
+  auto move_tensor = [&](at::Tensor& t, bool is_param, const std::string& name, const std::string& owner) {
     if (!t.defined()) return;
     auto it = map.find(t.unsafeGetTensorImpl());
     if (it != map.end()) {
@@ -218,7 +220,7 @@ void move_module(torch::nn::Module& module, const c10::Device& device) {
       nt.mutable_grad() = is_lazy(t.grad()) ? g.contiguous() : g;
     }
     map.emplace(t.unsafeGetTensorImpl(), nt);
-    moved.push_back({t, name, extra});
+    moved.push_back({t, name, owner, extra});
     t = nt;
   };
 
@@ -230,12 +232,13 @@ void move_module(torch::nn::Module& module, const c10::Device& device) {
   }
   module.apply([&](Module& m) {
     const std::string& pre = prefix.count(&m) ? prefix[&m] : std::string();
-    for (auto& item : ModuleAccess::params(m)) move_tensor(item.value(), true, pre + item.key());
-    for (auto& item : ModuleAccess::buffers(m)) move_tensor(item.value(), false, pre + item.key());
+    const std::string owner = pre.empty() ? m.name() : pre.substr(0, pre.size() - 1) + " (" + m.name() + ")";
+    for (auto& item : ModuleAccess::params(m)) move_tensor(item.value(), true, pre + item.key(), owner);
+    for (auto& item : ModuleAccess::buffers(m)) move_tensor(item.value(), false, pre + item.key(), owner);
   });
 
   // 2. The member handles: built-in modules, then the registered hooks.
-  const TensorRemap remap = [&](at::Tensor& t) { move_tensor(t, false, ""); };
+  const TensorRemap remap = [&](at::Tensor& t) { move_tensor(t, false, "", ""); };
   std::vector<Hook> user_hooks;
   {
     std::lock_guard<std::mutex> lock(hooks_mutex());
@@ -249,24 +252,26 @@ void move_module(torch::nn::Module& module, const c10::Device& device) {
   });
 
   // 3. A parameter/buffer still referenced elsewhere is most likely a member
-  // handle of a module the mover does not know. Moving TO the lazy device is
-  // where that matters most (forward would abort); moving back, the optimizer
+  // handle of a module the mover does not know; its forward would mix
+  // devices, which aborts the process on the lazy device. Moving TO the lazy
+  // device that is an error naming the module; moving back, the optimizer
   // legitimately still holds the lazy tensors.
   if (device.type() == c10::kLazy) {
-    std::vector<std::string> stale;
+    std::vector<const Moved*> stale;
     for (const auto& mv : moved) {
-      if (!mv.name.empty() && mv.old.use_count() > 1 + mv.extra_refs) stale.push_back(mv.name);
+      if (!mv.name.empty() && mv.old.use_count() > 1 + mv.extra_refs) stale.push_back(&mv);
     }
     if (!stale.empty()) {
       std::string names;
-      for (size_t i = 0; i < stale.size() && i < 5; ++i) names += (i ? ", " : "") + stale[i];
+      for (size_t i = 0; i < stale.size() && i < 5; ++i) names += (i ? ", " : "") + stale[i]->name;
       if (stale.size() > 5) names += ", ... (" + std::to_string(stale.size()) + " in all)";
-      std::fprintf(stderr,
-                   "fulgur: move_module to %s: the old %s still referenced after the move: %s. If a module keeps "
-                   "them in members, register a hook with fulgur::register_module_mover that rebinds them, or its "
-                   "forward will mix devices (which aborts on the lazy device). Optimizers must be built after "
-                   "the move.\n",
-                   device.str().c_str(), stale.size() == 1 ? "tensor is" : "tensors are", names.c_str());
+      throw std::runtime_error(
+          "cannot move module " + stale[0]->owner + " to " + device.str() + ": " + names +
+          (stale.size() == 1 ? " is" : " are") +
+          " still referenced after the move, most likely by a member the mover does not know. Register a hook "
+          "with fulgur::register_module_mover that rebinds the module's tensor members (see "
+          "<fulgur/xla/module_mover.h>); build optimizers after the move, and do not keep outputs of an earlier "
+          "forward (their autograd graph holds the old tensors)");
     }
   }
 }

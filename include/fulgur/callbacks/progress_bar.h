@@ -41,6 +41,7 @@ class ProgressBar : public Callback {
   std::chrono::steady_clock::time_point epoch_start_;
   std::chrono::steady_clock::time_point last_draw_;
   int64_t batches_seen_ = 0;
+  int64_t epoch_total_ = 0;  // batches this epoch will run (max_steps included)
 };
 
 }  // namespace fulgur

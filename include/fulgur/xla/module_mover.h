@@ -34,8 +34,8 @@ namespace fulgur {
 // (`W = register_parameter("W", ...)`) cannot be detected in general: register
 // a hook that rebinds them (below). Without one, its forward would mix devices,
 // which on the lazy device aborts the process (a glog CHECK, not an
-// exception). As a partial guard, a move TO a lazy device prints a warning
-// naming any old parameter/buffer that is still referenced after the move.
+// exception). So a move TO a lazy device throws std::runtime_error naming the
+// module and every old parameter/buffer still referenced after the move.
 void move_module(torch::nn::Module& module, const c10::Device& device);
 
 // Replaces `t` by its moved counterpart: the new tensor when `t` was one of the

@@ -1,0 +1,69 @@
+// Trains a small GPT-style character model on the King James Bible and
+// prints text sampled from it.
+//   build/bin/charlm --accelerator xla --devices auto --strategy xla --max-steps 600
+
+#include "charlm_module.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train a character-level transformer on the King James Bible with fulgur"};
+  std::string accelerator = "xla", devices = "auto", strategy = "xla", precision = "32-true";
+  std::string root = "runs/charlm", ckpt_path, text = "data/kjv.txt", start_method = "fork";
+  int64_t max_steps = 600, batch_size = 32, sample_chars = 300, val_batches = 20;
+  charlm::Config cfg;
+  uint64_t seed = 42;
+  app.add_option("--accelerator", accelerator, "cpu, xla or auto");
+  app.add_option("--devices", devices, "auto, a count, or indices like 0,1");
+  app.add_option("--strategy", strategy, "auto, single_device, ddp, xla, xla_debug");
+  app.add_option("--precision", precision, "32-true or bf16-true");
+  app.add_option("--max-steps", max_steps);
+  app.add_option("--batch-size", batch_size, "per device");
+  app.add_option("--block-size", cfg.block_size, "characters of context");
+  app.add_option("--n-embd", cfg.n_embd);
+  app.add_option("--n-head", cfg.n_head);
+  app.add_option("--n-layer", cfg.n_layer);
+  app.add_option("--lr", cfg.lr);
+  app.add_option("--val-batches", val_batches, "validation batches at the end of training");
+  app.add_option("--sample-chars", sample_chars, "characters to sample after training");
+  app.add_option("--seed", seed);
+  app.add_option("--default-root-dir", root);
+  app.add_option("--ckpt-path", ckpt_path, "resume from: a file, last or best");
+  app.add_option("--text", text, "the training text");
+  app.add_option("--start-method", start_method, "fork or spawn");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    fulgur::seed_everything(seed);
+    charlm::DataModule data(text, cfg.block_size, batch_size, seed);
+    cfg.vocab_size = data.text->vocab_size();
+    auto model = std::make_shared<charlm::CharLM>(cfg);
+    std::printf("charlm: %lld characters, vocabulary %lld, unigram entropy %.3f nats\n",
+                static_cast<long long>(data.text->tokens().numel()), static_cast<long long>(cfg.vocab_size),
+                data.text->unigram_entropy());
+    fulgur::TrainerOptions opts;
+    opts.accelerator(accelerator).devices(devices).strategy(strategy).precision(precision);
+    opts.max_steps(max_steps).max_epochs(-1).default_root_dir(root).seed(seed).start_method(start_method);
+    opts.val_check_interval(max_steps).limit_val_batches(val_batches).num_sanity_val_steps(0);
+    opts.log_every_n_steps(20);
+    fulgur::Trainer trainer(opts);
+    trainer.fit(*model, data, ckpt_path);
+    const auto& m = trainer.callback_metrics();
+    if (auto it = m.find("val_loss"); it != m.end()) {
+      std::printf("validation loss: %.4f nats, %.2f of the unigram entropy\n", it->second,
+                  it->second / data.text->unigram_entropy());
+    }
+    model->eval();
+    auto ids = model->generate(data.text->encode("And God said").unsqueeze(0), sample_chars);
+    std::printf("sample:\n%s\n", data.text->decode(ids[0]).c_str());
+  } catch (const fulgur::WorkerFailure& e) {
+    std::fprintf(stderr, "charlm: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "charlm: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
