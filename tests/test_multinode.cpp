@@ -461,6 +461,37 @@ TEST(TwoNodesOnLoopback, FailureOnOneNodeDuringRendezvousStopsTheOther) {
   EXPECT_TRUE(processes_with(dir.path).empty()) << "a process of the job is left";
 }
 
+// Node 0 dies whole (its launcher, which serves the store, is SIGKILLed):
+// node 1's worker fails its collective, says that node 0's store is gone, and
+// node 1 exits non-zero at once. Two nodes of one worker on this machine.
+TEST(TwoNodesOnLoopback, KilledNodeZeroStopsTheOtherWithItsName) {
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  Reaper reaper;
+  std::vector<pid_t>& nodes = reaper.pids;
+  for (int node = 0; node < 2; ++node) {
+    nodes.push_back(TwoHosts::start_in(-1, {}, mnist_args(dir.path, 1, 2, 16, 100000),
+                                       {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port},
+                                        {"NODE_RANK", std::to_string(node)}},
+                                       dir.path + "/node" + std::to_string(node) + ".log"));
+  }
+  wait_for_training(dir.path + "/node0.log");
+  ::kill(nodes[0], SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  auto status1 = wait_for(nodes[1], std::chrono::seconds(30));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  const std::string log1 = read_file(dir.path + "/node1.log");
+  ASSERT_TRUE(status1.has_value()) << "node 1 still runs 30 s after node 0 died:\n" << log1;
+  EXPECT_TRUE(WIFEXITED(*status1) && WEXITSTATUS(*status1) != 0) << log1;
+  EXPECT_LT(seconds, 15.0) << "beyond the collective timeout";
+  EXPECT_TRUE(contains(report_line(log1), "mnist: node 1: worker rank 1 failed first")) << log1;
+  EXPECT_TRUE(contains(report_line(log1), "served by the launcher of node 0, does not answer: node 0 has stopped")) << log1;
+  std::printf("node 1 stopped %.1f s after node 0 was killed; it reported:\n%s\n", seconds, report_line(log1).c_str());
+  wait_for(nodes[0], std::chrono::seconds(5));
+  for (int i = 0; i < 50 && !processes_with(dir.path).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(processes_with(dir.path).empty()) << "a process of the job is left";
+}
+
 TEST(TwoHosts, TwoNodesOfTwoWorkersMatchOneWorkerWithTheSameGlobalBatch) {
   TwoHosts hosts;
   NEED_TWO_HOSTS(hosts);
