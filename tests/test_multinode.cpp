@@ -154,6 +154,33 @@ TEST(ClusterEnvironment, SeveralNodesNeedMainAddressPortAndNodeRank) {
   }
 }
 
+TEST(ClusterEnvironment, NodeZeroNamesAMainPortInUse) {
+  // Hold a port, then ask node 0's launcher to serve the store on it.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  EnvGuard g({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"NODE_RANK", "0"}, {"NUM_NODES", std::nullopt},
+              {"SLURM_NTASKS", std::nullopt}, {"RANK", std::nullopt}, {"LOCAL_RANK", std::nullopt}});
+  TempDir dir;
+  fulgur::testing::TinyRegression m;
+  Trainer t(TrainerOptions().accelerator("cpu").strategy("ddp").devices(1).num_nodes(2).default_root_dir(dir.path)
+                .enable_progress_bar(false));
+  try {
+    t.fit(m, std::make_shared<DataLoader>(fulgur::testing::regression_data(16), DataLoaderOptions(4)));
+    FAIL() << "node 0 served the store on a port in use";
+  } catch (const CollectiveError& e) {
+    EXPECT_TRUE(contains(e.what(), "MASTER_PORT=" + port)) << e.what();
+  }
+  ::close(fd);
+  EXPECT_TRUE(fulgur::testing::processes_matching("test_multinode").empty()) << "a worker was started";
+}
+
 // --- Gloo's interface --------------------------------------------------------
 
 TEST(GlooInterface, LoopbackMainAddressStaysOnLoopback) {
