@@ -434,3 +434,33 @@ print(','.join(repr(float(v)) for v in y))
   const auto y = net.forward(torch::linspace(-2, 2, 20).reshape({5, 4})).flatten();
   for (int64_t i = 0; i < 15; ++i) EXPECT_NEAR(y[i].item<double>(), expected[i], 1e-5) << i;
 }
+
+TEST(Resume, TwoWorkersInterruptedAndResumedEndWithTheSameWeights) {
+  TempDir dir;
+  auto data = [] {
+    return std::make_shared<DataLoader>(fulgur::testing::regression_data(96),
+                                        DataLoaderOptions(8).shuffle(true).seed(3));
+  };
+  auto options = [&](const std::string& sub) {
+    return TrainerOptions().accelerator("cpu").strategy("ddp").devices(2).default_root_dir(dir.path + sub)
+        .enable_progress_bar(false).num_sanity_val_steps(0).seed(11).max_epochs(3);
+  };
+  auto make = [] {
+    torch::manual_seed(2);
+    return std::make_shared<fulgur::testing::TinyRegression>(0.05);
+  };
+  auto full = make();
+  Trainer(options("/full").enable_checkpointing(false)).fit(*full, data());
+
+  // 6 batches per worker and epoch: stop at step 8, inside epoch 1.
+  auto first = make();
+  Trainer t1(options("/parts").max_steps(8).enable_checkpointing(false));
+  t1.fit(*first, data());
+  t1.save_checkpoint(dir.path + "/mid.ckpt");
+  EXPECT_EQ(global_step_of(dir.path + "/mid.ckpt"), 8);
+  auto second = make();
+  Trainer(options("/parts").enable_checkpointing(false)).fit(*second, data(), nullptr, dir.path + "/mid.ckpt");
+  EXPECT_FALSE(torch::equal(first->fc->weight, full->fc->weight));  // the first part alone differs
+  EXPECT_TRUE(torch::allclose(second->fc->weight, full->fc->weight, 0, 1e-7)) << second->fc->weight << full->fc->weight;
+  EXPECT_TRUE(torch::allclose(second->fc->bias, full->fc->bias, 0, 1e-7));
+}
