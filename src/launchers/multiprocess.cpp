@@ -28,6 +28,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -83,9 +84,13 @@ struct RunDir {
   pid_t owner;
 };
 
+// A process forked from one that launched before (not a worker: a program's
+// own fork) gets a folder of its own, or its launches would reuse the
+// parent's rendezvous files.
 const std::string& run_dir() {
-  static RunDir dir;
-  return dir.path;
+  static std::unique_ptr<RunDir> dir;
+  if (!dir || dir->owner != ::getpid()) dir = std::make_unique<RunDir>();
+  return dir->path;
 }
 
 // A failing worker's record: rank, time, kind, message.

@@ -1,5 +1,7 @@
 #include <fulgur/plugins/io/checkpoint_io.h>
 
+#include "plugins/python_pickle.h"
+
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
@@ -106,10 +108,16 @@ Checkpoint TorchCheckpointIO::load_checkpoint(const std::string& path) {
   try {
     value = torch::pickle_load(bytes);
   } catch (const std::exception& e) {
-    std::string msg = e.what();
-    msg = msg.substr(0, msg.find('\n'));
-    throw std::runtime_error("checkpoint " + path + " is truncated or corrupt (" + std::to_string(bytes.size()) +
-                             " bytes): " + msg);
+    // A state_dict saved by Python's torch.save is an OrderedDict, which
+    // pickle_load cannot build; read it as a plain dict.
+    try {
+      value = detail::load_python_pickle(bytes);
+    } catch (const std::exception&) {
+      std::string msg = e.what();
+      msg = msg.substr(0, msg.find('\n'));
+      throw std::runtime_error("checkpoint " + path + " is truncated or corrupt (" + std::to_string(bytes.size()) +
+                               " bytes): " + msg);
+    }
   }
   if (!value.isGenericDict() || !value.toGenericDict().keyType()->isSubtypeOf(*c10::StringType::get())) {
     throw std::runtime_error("checkpoint " + path + " does not hold a dict with string keys (found " +

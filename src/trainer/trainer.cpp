@@ -2,6 +2,7 @@
 #include <fulgur/callbacks/progress_bar.h>
 #include <fulgur/checkpoint.h>
 #include <fulgur/loggers/csv_logger.h>
+#include <fulgur/plugins/io/checkpoint_io.h>
 #include <fulgur/strategies/registry.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
@@ -585,6 +586,11 @@ c10::IValue TrainerImpl::make_result(const std::vector<at::Tensor>& preds) {
   c10::List<at::Tensor> p;
   for (const auto& t : preds) p.push_back(t);
   r.insert("predictions", p);
+  Launcher* launcher = strategy->launcher();
+  if (stage == Stage::kFit && launcher && launcher->creates_processes()) {
+    strategy->mark_step();  // on xla devices: nothing pending before the copies
+    r.insert("checkpoint", to_cpu(c10::IValue(dump_checkpoint())));  // collective: every rank dumps
+  }
   return r;
 }
 
@@ -604,6 +610,9 @@ void TrainerImpl::apply_result(const c10::IValue& value) {
   }
   predictions.clear();
   for (const auto& t : r.at("predictions").toTensorList()) predictions.push_back(t);
+  if (r.contains("checkpoint")) {
+    final_checkpoint = c10::impl::toTypedDict<std::string, c10::IValue>(r.at("checkpoint").toGenericDict());
+  }
   if (auto* csv = dynamic_cast<CSVLogger*>(logger.get()); csv && r.contains("logger_version")) {
     csv->set_version(std::stoll(r.at("logger_version").toStringRef()));
   }
@@ -803,7 +812,16 @@ ModelCheckpoint* Trainer::checkpoint_callback() const { return detail::find_call
 
 const OptimizerConfig& Trainer::optimizer_config() const { return impl_->strategy->optimizer_config(); }
 
-Checkpoint Trainer::dump_checkpoint() { return impl_->dump_checkpoint(); }
+Checkpoint Trainer::dump_checkpoint() {
+  if (impl_->final_checkpoint && !is_fulgur_worker()) {
+    // After a multi-process fit, in the launching process: rank 0's state at
+    // the end of fit, with the weights of the model as they are now.
+    Checkpoint c = impl_->final_checkpoint->copy();
+    c.insert_or_assign("state_dict", state_dict(*impl_->model));
+    return c;
+  }
+  return impl_->dump_checkpoint();
+}
 
 void Trainer::save_checkpoint(const std::string& path) {
   strategy().save_checkpoint(dump_checkpoint(), path);

@@ -88,6 +88,10 @@ struct TrainerImpl {
   int64_t current_batch_size = 1;
   std::vector<int64_t> scheduler_counts;  // steps taken by each scheduler
   std::vector<at::Tensor> predictions;
+  // The launching process of a multi-process fit has no optimizers of its
+  // own: rank 0's whole checkpoint at the end of fit comes back with the
+  // result, so that Trainer::save_checkpoint after fit is complete there too.
+  std::optional<Checkpoint> final_checkpoint;
 
   ResultCollection results;
   mutable Metrics callback_metrics;
