@@ -30,6 +30,8 @@ TempDir::~TempDir() {
   fs::remove_all(path, ec);
 }
 
+std::string program(const std::string& name) { return (fs::read_symlink("/proc/self/exe").parent_path() / name).string(); }
+
 std::string mnist_dir() {
   const char* d = std::getenv("FULGUR_DATA_DIR");
   return std::string(d ? d : "data") + "/mnist";

@@ -22,6 +22,9 @@ struct TempDir {
 // The MNIST folder (from FULGUR_DATA_DIR, set by CTest).
 std::string mnist_dir();
 
+// A program built beside this test binary (build/bin/<name>).
+std::string program(const std::string& name);
+
 struct RankResult {
   int status = 0;           // waitpid status
   std::string error;        // what the rank threw (empty if it returned)

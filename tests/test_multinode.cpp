@@ -332,7 +332,7 @@ std::optional<int> wait_for(pid_t pid, std::chrono::seconds limit) {
 }
 
 // The example is built next to this test.
-std::string mnist_bin() { return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "mnist").string(); }
+std::string mnist_bin() { return fulgur::testing::program("mnist"); }
 
 // The example's arguments for a short CPU run.
 std::vector<std::string> mnist_args(const std::string& dir, int devices, int nodes, int batch, int max_steps) {

@@ -42,9 +42,6 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-// A program built beside this test binary.
-std::string bin(const std::string& name) { return fs::read_symlink("/proc/self/exe").parent_path() / name; }
-
 // A program started with posix_spawn, its stdout and stderr in files.
 struct Child {
   Child(const std::vector<std::string>& argv, const std::string& out_dir, const std::vector<std::string>& env_extra = {}) {
@@ -135,7 +132,7 @@ bool running(pid_t pid) {
 
 // The MNIST example on 2 cpu workers, 100 steps of 64 per worker.
 std::vector<std::string> mnist_job(const std::string& root, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> a = {bin("mnist"),  "--data-dir",     fulgur::testing::mnist_dir(),
+  std::vector<std::string> a = {fulgur::testing::program("mnist"),  "--data-dir",     fulgur::testing::mnist_dir(),
                                 "--accelerator", "cpu",            "--devices",
                                 "2",           "--strategy",     "ddp",
                                 "--train-samples", "12800",        "--max-epochs",
