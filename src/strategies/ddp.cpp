@@ -226,6 +226,8 @@ void DDPStrategy::set_gradient_sync(bool enabled) {
   if (gradient_sync_) gradient_sync_->set_enabled(enabled);
 }
 
+double DDPStrategy::gradient_sync_seconds() const { return gradient_sync_ ? gradient_sync_->seconds() : 0.0; }
+
 void DDPStrategy::teardown() {
   gradient_sync_.reset();
   ParallelStrategy::teardown();

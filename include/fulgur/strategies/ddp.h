@@ -83,6 +83,10 @@ class DDPStrategy : public ParallelStrategy {
   void teardown() override;
   void sync_gradients() override;
   void set_gradient_sync(bool enabled) override;
+  // Wall time this rank spent in gradient sync during fit so far (seconds;
+  // 0 on one process). On xla devices the step mark that materializes the
+  // gradients is not counted.
+  double gradient_sync_seconds() const;
 
  protected:
   // The gradient sync component: DDP overlaps bucketed all-reduces with backward.
