@@ -192,6 +192,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    // The launcher forks the workers after this setup, and libgomp's thread
+    // pool does not survive a fork (a worker hangs in its first parallel
+    // region): no parallel work here. Each worker applies its thread policy.
+    at::set_num_threads(1);
     int64_t vocab = 0;
     auto dataset = train_dataset(s, &vocab);
     std::shared_ptr<fulgur::LightningModule> model;

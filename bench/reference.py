@@ -328,7 +328,9 @@ def run_lazy(rank, args):
     import torch._lazy.ts_backend
     world = args.nproc
     torch.set_num_threads(args.threads)
-    torch._lazy.ts_backend.init()
+    if not getattr(torch._lazy.ts_backend, "_bench_started", False):
+        torch._lazy.ts_backend.init()  # once per process: a second call throws
+        torch._lazy.ts_backend._bench_started = True
     compiled_before = lazy_graphs_compiled()
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=world)
