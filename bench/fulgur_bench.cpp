@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include <dlfcn.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -28,8 +29,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Settings {
-  std::string model = "mlp", accelerator = "cpu", data_dir = "data", init, out;
-  int64_t devices = 1, threads = 0, batch_size = 64, warmup = 10, steps = 100, num_workers = 0, train_samples = 0;
+  std::string model = "mlp", accelerator = "cpu", data_dir = "data", init_dir, out;
+  int64_t devices = 1, threads = 0, batch_size = 0, warmup = 10, steps = 100, num_workers = 0, train_samples = 0;
   uint64_t seed = 0;
   bool raw_allreduce = false;
 };
@@ -59,6 +60,7 @@ class BenchCallback : public fulgur::Callback {
 
   void on_fit_start(fulgur::Trainer&, fulgur::LightningModule&) override {
     if (s_.threads > 0) set_threads(static_cast<int>(s_.threads));
+    if (s_.accelerator == "xla") graphs_before_ = fulgur::xla::metrics().graphs_compiled;
   }
 
   void on_train_batch_end(fulgur::Trainer& trainer, fulgur::LightningModule&, const fulgur::StepOutput& out,
@@ -94,10 +96,10 @@ class BenchCallback : public fulgur::Callback {
        << ", \"peak_rss_mb\": " << status_mb("VmHWM:") << ", \"rss_mb_by_epoch\": [";
     for (size_t i = 0; i < rss_by_epoch_.size(); ++i) js << (i ? ", " : "") << rss_by_epoch_[i];
     js << "]";
-    if (s_.accelerator == "xla") js << ", \"graphs_compiled\": " << fulgur::xla::metrics().graphs_compiled;
+    if (s_.accelerator == "xla") js << ", \"graphs_compiled\": " << fulgur::xla::metrics().graphs_compiled - graphs_before_;
     if (s_.raw_allreduce && world > 1) raw_allreduce(trainer, model, js);
     js << "}";
-    std::ofstream f(s_.out + "." + std::to_string(trainer.global_rank()) + ".json");
+    std::ofstream f(s_.out + "_" + s_.model + "." + std::to_string(trainer.global_rank()) + ".json");
     f << js.str() << "\n";
   }
 
@@ -135,6 +137,7 @@ class BenchCallback : public fulgur::Callback {
   Settings s_;
   Clock::time_point start_;
   std::vector<double> rss_by_epoch_;
+  int64_t graphs_before_ = 0;
   double seconds_ = 0.0, final_loss_ = 0.0, sync_start_ = 0.0, sync_total_ = 0.0;
 };
 
@@ -170,55 +173,72 @@ void load_initial_weights(torch::nn::Module& module, const std::string& path) {
   fulgur::load_state_dict(module, state, true, path);
 }
 
+// One fit of `s.model` from its initial weights; the callback writes the result.
+void run(Settings s) {
+  int64_t vocab = 0;
+  auto dataset = train_dataset(s, &vocab);
+  std::shared_ptr<fulgur::LightningModule> model;
+  if (s.model == "charlm") {
+    charlm::Config cfg;
+    cfg.vocab_size = vocab;
+    model = std::make_shared<charlm::CharLM>(cfg);
+  } else {
+    model = mnist::make_model(s.model, 1e-3);
+  }
+  load_initial_weights(*model, s.init_dir + "/" + s.model + ".pt");
+  if (s.batch_size <= 0) s.batch_size = s.model == "charlm" ? 32 : 64;
+  auto loader = std::make_shared<fulgur::DataLoader>(
+      dataset,
+      fulgur::DataLoaderOptions(s.batch_size).shuffle(true).seed(s.seed).drop_last(true).num_workers(s.num_workers));
+
+  fulgur::TrainerOptions opts;
+  const bool xla = s.accelerator == "xla";
+  opts.accelerator(s.accelerator).devices(s.devices).strategy(xla ? (s.devices > 1 ? "xla" : "single_xla") : "ddp");
+  opts.max_steps(s.warmup + s.steps).max_epochs(-1).num_sanity_val_steps(0);
+  opts.enable_checkpointing(false).enable_progress_bar(false).logger(false);
+  opts.callbacks({std::make_shared<BenchCallback>(s)});
+  fulgur::Trainer trainer(opts);
+  trainer.fit(*model, loader);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"fulgur's side of the benchmarks (bench/run.py drives it)"};
   Settings s;
-  app.add_option("--model", s.model, "mlp, cnn or charlm");
+  std::string models_arg = "mlp";
+  app.add_option("--model", models_arg, "mlp, cnn, charlm, or a list run one after the other: mlp,cnn");
   app.add_option("--accelerator", s.accelerator, "cpu (DDPStrategy) or xla (XLAStrategy; one device: single_xla)");
   app.add_option("--devices", s.devices, "processes");
-  app.add_option("--threads", s.threads, "torch and BLAS threads per process (0: the trainer's policy)");
-  app.add_option("--batch-size", s.batch_size, "per process");
-  app.add_option("--warmup", s.warmup, "untimed steps first");
+  app.add_option("--threads", s.threads, "torch and BLAS threads per process (0: cores / devices, the trainer's policy)");
+  app.add_option("--batch-size", s.batch_size, "per process (0: 64 for MNIST, 32 for charlm)");
+  app.add_option("--warmup", s.warmup, "untimed steps first (>= 1)");
   app.add_option("--steps", s.steps, "timed steps");
   app.add_option("--num-workers", s.num_workers, "DataLoader worker threads");
   app.add_option("--seed", s.seed, "sampler seed");
   app.add_option("--train-samples", s.train_samples, "MNIST: use the first N training images (0: all 55,000)");
   app.add_option("--data-dir", s.data_dir, "holds mnist/ and kjv.txt");
-  app.add_option("--init", s.init, "initial weights: a state_dict saved by torch.save")->required();
-  app.add_option("--out", s.out, "result prefix: <out>.<rank>.json")->required();
+  app.add_option("--init-dir", s.init_dir, "initial weights <init-dir>/<model>.pt (reference.py --mode init)")->required();
+  app.add_option("--out", s.out, "result prefix: <out>_<model>.<rank>.json")->required();
   app.add_flag("--raw-allreduce", s.raw_allreduce, "also time a raw all-reduce of the gradient bytes");
   CLI11_PARSE(app, argc, argv);
 
+  // The launcher forks the workers after the setup in run(), and libgomp's
+  // thread pool does not survive a fork (a worker hangs in its first parallel
+  // region): no parallel work in this process. Each worker sets its threads.
+  at::set_num_threads(1);
+  if (s.threads <= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int64_t cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    s.threads = std::max<int64_t>(1, cores / std::max<int64_t>(1, s.devices));
+  }
+  std::istringstream model_list(models_arg);
   try {
-    // The launcher forks the workers after this setup, and libgomp's thread
-    // pool does not survive a fork (a worker hangs in its first parallel
-    // region): no parallel work here. Each worker applies its thread policy.
-    at::set_num_threads(1);
-    int64_t vocab = 0;
-    auto dataset = train_dataset(s, &vocab);
-    std::shared_ptr<fulgur::LightningModule> model;
-    if (s.model == "charlm") {
-      charlm::Config cfg;
-      cfg.vocab_size = vocab;
-      model = std::make_shared<charlm::CharLM>(cfg);
-    } else {
-      model = mnist::make_model(s.model, 1e-3);
+    for (std::string m; std::getline(model_list, m, ',');) {
+      s.model = m;
+      run(s);
     }
-    load_initial_weights(*model, s.init);
-    auto loader = std::make_shared<fulgur::DataLoader>(
-        dataset,
-        fulgur::DataLoaderOptions(s.batch_size).shuffle(true).seed(s.seed).drop_last(true).num_workers(s.num_workers));
-
-    fulgur::TrainerOptions opts;
-    const bool xla = s.accelerator == "xla";
-    opts.accelerator(s.accelerator).devices(s.devices).strategy(xla ? (s.devices > 1 ? "xla" : "single_xla") : "ddp");
-    opts.max_steps(s.warmup + s.steps).max_epochs(-1).num_sanity_val_steps(0);
-    opts.enable_checkpointing(false).enable_progress_bar(false).logger(false);
-    opts.callbacks({std::make_shared<BenchCallback>(s)});
-    fulgur::Trainer trainer(opts);
-    trainer.fit(*model, loader);
   } catch (const fulgur::WorkerFailure& e) {
     std::fprintf(stderr, "fulgur_bench: %s\n", e.what());
     return e.exit_code();

@@ -390,7 +390,7 @@ def main():
     p.add_argument("--out", help="result prefix: <out>_<mode>_<model>.<rank>.json")
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="torch threads per process (0: cores / nproc)")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=0, help="per process (0: 64 for MNIST, 32 for charlm)")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
@@ -406,9 +406,11 @@ def main():
             raise SystemExit(f"reference.py: model '{m}' is unknown; choose mlp, cnn or charlm")
     if args.threads <= 0:
         args.threads = max(1, len(os.sched_getaffinity(0)) // args.nproc)
+    batch_arg = args.batch_size
     for mode in modes:
         for model in models:
             args.mode, args.model = mode, model
+            args.batch_size = batch_arg or (32 if model == "charlm" else 64)
             if mode == "init":
                 torch.manual_seed(args.seed)
                 # A plain dict: libtorch's unpickler reads an OrderedDict as None.

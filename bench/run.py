@@ -28,7 +28,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ["mlp", "cnn", "charlm"]
-BATCH = {"mlp": 64, "cnn": 64, "charlm": 32}
+# Batch sizes per process: the defaults of fulgur_bench and reference.py.
 # Steps are per model so each timed run lasts a few seconds.
 STEPS = {"mlp": 400, "cnn": 120, "charlm": 60}
 WARMUP = {"mlp": 20, "cnn": 10, "charlm": 6}
@@ -79,32 +79,32 @@ class Runner:
             raise SystemExit(f"run.py: {' '.join(cmd)}\nexited with {proc.returncode}:\n{proc.stdout[-4000:]}")
 
     def python(self, modes, models, nproc, warmup, steps, threads=0, extra=()):
-        """Runs the references: every mode and model in one Python process (one
-        batch size: the first model's). Returns {(mode, model): per-rank results}."""
+        """Runs the references: every mode and model in one Python process.
+        Returns {(mode, model): per-rank results}."""
         self.n += 1
         out = os.path.join(self.work, f"r{self.n}")
         t = threads or max(1, self.cores // nproc)
         self.call([self.args.python, os.path.join(ROOT, "bench", "reference.py"), "--mode", ",".join(modes),
-                   "--model", ",".join(models), "--nproc", str(nproc), "--batch-size", str(BATCH[models[0]]),
+                   "--model", ",".join(models), "--nproc", str(nproc),
                    "--warmup", str(warmup), "--steps", str(steps), "--data-dir", self.args.data_dir,
                    "--init-dir", self.work, "--out", out, "--threads", str(t)] + list(extra), self.env(nproc, t))
         return {(mode, model): self.load(f"{out}_{mode}_{model}", nproc) for mode in modes for model in models}
 
-    def fulgur(self, side, model, nproc, warmup, steps, threads=0, extra=()):
+    def fulgur(self, side, models, nproc, warmup, steps, threads=0, extra=()):
+        """Runs fulgur_bench on every model in one process. Returns {model: per-rank results}."""
         self.n += 1
         out = os.path.join(self.work, f"r{self.n}")
         t = threads or max(1, self.cores // nproc)
         self.call([self.args.bin, "--accelerator", "cpu" if side == "ddp" else "xla", "--devices", str(nproc),
-                   "--model", model, "--batch-size", str(BATCH[model]), "--warmup", str(warmup),
-                   "--steps", str(steps), "--data-dir", self.args.data_dir,
-                   "--init", os.path.join(self.work, f"{model}.pt"), "--out", out, "--threads", str(t)] + list(extra),
-                  self.env(nproc, t))
-        return self.load(out, nproc)
+                   "--model", ",".join(models), "--warmup", str(warmup), "--steps", str(steps),
+                   "--data-dir", self.args.data_dir, "--init-dir", self.work, "--out", out, "--threads", str(t)]
+                  + list(extra), self.env(nproc, t))
+        return {model: self.load(f"{out}_{model}", nproc) for model in models}
 
     def run(self, side, model, nproc, warmup, steps, threads=0, extra=()):
         """Runs one side; returns the list of per-rank result dicts."""
         if side in ("ddp", "xla"):
-            return self.fulgur(side, model, nproc, warmup, steps, threads, extra)
+            return self.fulgur(side, [model], nproc, warmup, steps, threads, extra)[model]
         return self.python([side], [model], nproc, warmup, steps, threads, extra)[(side, model)]
 
     @staticmethod
@@ -126,14 +126,12 @@ def equality(runner, models, procs, steps, rtol, pairs):
     ok = True
     print(f"== equality: loss after {steps} steps, same initial weights and data order, rtol {rtol}")
     for nproc in procs:
-        # One Python process per batch size runs every reference (Python starts slowly).
-        refs = {}
-        for batch in sorted(set(BATCH[m] for m in models)):
-            group = [m for m in models if BATCH[m] == batch]
-            refs.update(runner.python([ref for _, ref in pairs], group, nproc, 1, steps - 1))
+        # Each side runs every model in one process (Python starts slowly).
+        refs = runner.python([ref for _, ref in pairs], models, nproc, 1, steps - 1)
+        ours_res = {ours: runner.fulgur(ours, models, nproc, 1, steps - 1) for ours, _ in pairs}
         for model in models:
             for ours, ref in pairs:
-                a = runner.run(ours, model, nproc, 1, steps - 1)
+                a = ours_res[ours][model]
                 b = refs[(ref, model)]
                 for ra, rb in zip(a, b):
                     la, lb = ra["final_loss"], rb["final_loss"]
