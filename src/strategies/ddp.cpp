@@ -182,6 +182,14 @@ c10::IValue ParallelStrategy::broadcast(const c10::IValue& value, int64_t src) {
   return move(out);
 }
 
+bool ParallelStrategy::reduce_boolean_decision(bool decision, bool all) {
+  if (!collectives_ || world_size() == 1) return decision;
+  at::Tensor t = torch::tensor(decision ? 1 : 0, torch::kInt32);
+  collectives_->all_reduce_async(t, ReduceOp::kSum)->wait();
+  const int64_t n = t.item<int64_t>();
+  return all ? n == world_size() : n > 0;
+}
+
 void ParallelStrategy::barrier(const std::string& name) {
   if (collectives_) collectives_->barrier(name);
 }
@@ -211,7 +219,8 @@ DDPStrategy::~DDPStrategy() = default;
 void DDPStrategy::setup(Trainer& trainer) {
   Strategy::setup(trainer);
   gradient_sync_.reset();
-  if (trainer.impl().stage == Stage::kFit && collectives_) gradient_sync_ = make_gradient_sync();
+  // One process: its gradients are already the mean.
+  if (trainer.impl().stage == Stage::kFit && collectives_ && world_size() > 1) gradient_sync_ = make_gradient_sync();
 }
 
 std::unique_ptr<detail::GradientSync> DDPStrategy::make_gradient_sync() {

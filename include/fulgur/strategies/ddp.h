@@ -58,6 +58,9 @@ class ParallelStrategy : public Strategy {
   at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads = false) override;
   c10::IValue broadcast(const c10::IValue& value, int64_t src = 0) override;
   void barrier(const std::string& name = "") override;
+  // One all-reduce without the shape check (the trainer asks every step
+  // whether a rank received a stop signal).
+  bool reduce_boolean_decision(bool decision, bool all = true) override;
   // Gives a DataLoader a DistributedSampler for this rank.
   std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader) override;
 
