@@ -306,7 +306,7 @@ def run_eager(rank, args):
     if args.raw_allreduce and world > 1:
         extra.update(raw_allreduce(model))
     write_result(args, rank, world, loss_value, timer.elapsed, extra)
-    dist.destroy_process_group()
+    finish(world)
 
 
 def raw_allreduce(model, reps=40):
@@ -367,7 +367,16 @@ def run_lazy(rank, args):
         if v is not None:
             loss_value = v
     write_result(args, rank, world, loss_value, timer.elapsed, {"graphs_compiled": lazy_graphs_compiled() - compiled_before})
+    finish(world)
+
+
+def finish(world):
+    """Leaves the process group. A forked worker ends here without tearing the
+    objects down: with Debian's torch 1.13, DDP's Reducer destructor can
+    deadlock in ~ProcessGroupGloo (seen: a worker hung after its result was written)."""
     if world > 1:
+        os._exit(0)
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 

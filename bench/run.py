@@ -13,8 +13,8 @@ the median over repetitions of the per-repetition ratio (the 2 cores are shared
 with other work, so absolute times drift; paired ratios drift much less).
 
 Ends with a summary block, one figure per line as `name value`.
-  bench/run.py                       # the full run (~15 minutes)
-  bench/run.py --reps 1 --steps 30   # a quick look
+  bench/run.py                               # the full run (~15-25 minutes on a shared 2-core machine)
+  bench/run.py --reps 1 --steps-scale 0.5    # a quick look
   bench/run.py --equality-only --tiny   # the CI check (a few steps per model)
 """
 import argparse
@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ["mlp", "cnn", "charlm"]
 # Batch sizes per process: the defaults of fulgur_bench and reference.py.
 # Steps are per model so each timed run lasts a few seconds.
-STEPS = {"mlp": 400, "cnn": 120, "charlm": 60}
+STEPS = {"mlp": 100, "cnn": 30, "charlm": 15}
 WARMUP = {"mlp": 20, "cnn": 10, "charlm": 6}
 BAR_EAGER = {"mlp": 1.5, "cnn": 1.15, "charlm": 1.15}
 BAR_LAZY = 1.3
