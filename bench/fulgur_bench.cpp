@@ -33,6 +33,7 @@ struct Settings {
   int64_t devices = 1, threads = 0, batch_size = 0, warmup = 10, steps = 100, num_workers = 0, train_samples = 0;
   uint64_t seed = 0;
   bool raw_allreduce = false;
+  bool handle_signals = true;
 };
 
 // A memory field of /proc/self/status ("VmHWM:", "VmRSS:") in MiB.
@@ -195,7 +196,7 @@ void run(Settings s) {
   const bool xla = s.accelerator == "xla";
   opts.accelerator(s.accelerator).devices(s.devices).strategy(xla ? (s.devices > 1 ? "xla" : "single_xla") : "ddp");
   opts.max_steps(s.warmup + s.steps).max_epochs(-1).num_sanity_val_steps(0);
-  opts.enable_checkpointing(false).enable_progress_bar(false).logger(false);
+  opts.enable_checkpointing(false).enable_progress_bar(false).logger(false).handle_signals(s.handle_signals);
   opts.callbacks({std::make_shared<BenchCallback>(s)});
   fulgur::Trainer trainer(opts);
   trainer.fit(*model, loader);
@@ -221,6 +222,8 @@ int main(int argc, char** argv) {
   app.add_option("--init-dir", s.init_dir, "initial weights <init-dir>/<model>.pt (reference.py --mode init)")->required();
   app.add_option("--out", s.out, "result prefix: <out>_<model>.<rank>.json")->required();
   app.add_flag("--raw-allreduce", s.raw_allreduce, "also time a raw all-reduce of the gradient bytes");
+  app.add_flag("!--no-signal-check", s.handle_signals,
+               "TrainerOptions::handle_signals(false): no per-step stop-signal decision (an all-reduce on several processes)");
   CLI11_PARSE(app, argc, argv);
 
   // The launcher forks the workers after the setup in run(), and libgomp's

@@ -65,12 +65,14 @@ class Runner:
 
     def env(self, nproc, threads):
         # Both sides get the thread environment fulgur's launcher gives its
-        # workers (src/runtime/threads.cpp), so neither side is misconfigured.
+        # workers (src/runtime/threads.cpp), so neither side is misconfigured,
+        # and a passive OpenMP wait even for one process: these machines are
+        # shared, and with spinning threads a 2-thread step varied 3-10x
+        # from run to run (CNN step 355-384 ms spinning, 117-145 ms passive).
         env = dict(os.environ)
         env["OMP_NUM_THREADS"] = str(threads)
         env["OPENBLAS_NUM_THREADS"] = str(threads)
-        if nproc > 1:
-            env["OMP_WAIT_POLICY"] = "PASSIVE"
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
         return env
 
     def call(self, cmd, env):
