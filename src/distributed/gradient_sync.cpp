@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <unordered_set>
@@ -19,6 +20,17 @@ std::vector<at::Tensor> unique_trainable_parameters(const torch::nn::Module& mod
 }
 
 namespace {
+
+// Adds the lifetime of this object to `total` (seconds).
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~ScopedTimer() { total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 // A flat buffer and the parameters whose gradients it holds.
 struct Bucket {
@@ -76,6 +88,7 @@ class BucketReducer : public GradientSync {
 
   void finalize() override {
     if (!enabled_) return;
+    ScopedTimer timer(seconds_);
     // Parameters that got no gradient this backward contribute zeros.
     for (size_t k = 0; k < params_.size(); ++k)
       if (!seen_[k]) mark_ready(k, at::Tensor());
@@ -104,6 +117,7 @@ class BucketReducer : public GradientSync {
  private:
   void on_grad(size_t k, const at::Tensor& grad) {
     if (!enabled_) return;
+    ScopedTimer timer(seconds_);
     // What p.grad will hold once this gradient is accumulated.
     const auto& p = params_[k];
     at::Tensor total = p.grad().defined() ? p.grad() + grad : grad;
@@ -154,6 +168,7 @@ class StepReducer : public GradientSync {
   void finalize() override {
     if (!enabled_ || params_.empty()) return;
     if (materialize_) materialize_();
+    ScopedTimer timer(seconds_);
     torch::NoGradGuard no_grad;
     // Fill every buffer, start all reductions, then write back.
     for (auto& b : buckets_) {

@@ -27,9 +27,13 @@ class GradientSync {
   // false: the next backward passes accumulate locally (gradient accumulation).
   virtual void set_enabled(bool enabled) { enabled_ = enabled; }
   bool enabled() const { return enabled_; }
+  // Wall time spent in this component so far (copies into buckets during
+  // backward, waiting for the reductions, writing gradients back), seconds.
+  double seconds() const { return seconds_; }
 
  protected:
   bool enabled_ = true;
+  double seconds_ = 0.0;
 };
 
 struct BucketOptions {

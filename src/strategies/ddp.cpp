@@ -202,6 +202,14 @@ c10::IValue ParallelStrategy::broadcast(const c10::IValue& value, int64_t src) {
   return move(out);
 }
 
+bool ParallelStrategy::reduce_boolean_decision(bool decision, bool all) {
+  if (!collectives_ || world_size() == 1) return decision;
+  at::Tensor t = torch::tensor(decision ? 1 : 0, torch::kInt32);
+  collectives_->all_reduce_async(t, ReduceOp::kSum)->wait();
+  const int64_t n = t.item<int64_t>();
+  return all ? n == world_size() : n > 0;
+}
+
 void ParallelStrategy::barrier(const std::string& name) {
   if (collectives_) collectives_->barrier(name);
 }
@@ -231,7 +239,8 @@ DDPStrategy::~DDPStrategy() = default;
 void DDPStrategy::setup(Trainer& trainer) {
   Strategy::setup(trainer);
   gradient_sync_.reset();
-  if (trainer.impl().stage == Stage::kFit && collectives_) gradient_sync_ = make_gradient_sync();
+  // One process: its gradients are already the mean.
+  if (trainer.impl().stage == Stage::kFit && collectives_ && world_size() > 1) gradient_sync_ = make_gradient_sync();
 }
 
 std::unique_ptr<detail::GradientSync> DDPStrategy::make_gradient_sync() {
@@ -245,6 +254,8 @@ void DDPStrategy::sync_gradients() {
 void DDPStrategy::set_gradient_sync(bool enabled) {
   if (gradient_sync_) gradient_sync_->set_enabled(enabled);
 }
+
+double DDPStrategy::gradient_sync_seconds() const { return gradient_sync_ ? gradient_sync_->seconds() : 0.0; }
 
 void DDPStrategy::teardown() {
   gradient_sync_.reset();

@@ -58,6 +58,9 @@ class ParallelStrategy : public Strategy {
   at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads = false) override;
   c10::IValue broadcast(const c10::IValue& value, int64_t src = 0) override;
   void barrier(const std::string& name = "") override;
+  // One all-reduce without the shape check (the trainer asks every step
+  // whether a rank received a stop signal).
+  bool reduce_boolean_decision(bool decision, bool all = true) override;
   // Gives a DataLoader a DistributedSampler for this rank.
   std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader) override;
 
@@ -83,6 +86,10 @@ class DDPStrategy : public ParallelStrategy {
   void teardown() override;
   void sync_gradients() override;
   void set_gradient_sync(bool enabled) override;
+  // Wall time this rank spent in gradient sync during fit so far (seconds;
+  // 0 on one process). On xla devices the step mark that materializes the
+  // gradients is not counted.
+  double gradient_sync_seconds() const;
 
  protected:
   // The gradient sync component: DDP overlaps bucketed all-reduces with backward.

@@ -83,7 +83,7 @@ class Strategy {
   virtual c10::IValue broadcast(const c10::IValue& value, int64_t src = 0);
   virtual void barrier(const std::string& name = "");
   // True on every rank if `decision` is true on all ranks (all=true) or on any.
-  bool reduce_boolean_decision(bool decision, bool all = true);
+  virtual bool reduce_boolean_decision(bool decision, bool all = true);
 
   // --- Data --------------------------------------------------------------------------
   virtual std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader);

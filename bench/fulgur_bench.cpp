@@ -1,0 +1,253 @@
+// Trains one of the example models with fulgur's Trainer from given initial
+// weights and writes what bench/run.py compares with the Python references:
+// samples/s over the timed steps (after the warm-up steps), the loss of the
+// last step, graphs compiled, gradient-sync time, a raw all-reduce of the
+// gradient bytes and peak resident memory, one JSON file per rank.
+//   build/bin/fulgur_bench --model cnn --accelerator cpu --devices 2 --init cnn.pt --out /tmp/r
+
+#include "charlm/charlm_module.h"
+#include "mnist/mnist_module.h"
+
+#include <fulgur/checkpoint.h>
+#include <fulgur/strategies/ddp.h>
+#include <fulgur/xla/backend.h>
+
+#include <CLI/CLI.hpp>
+
+#include <dlfcn.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Settings {
+  std::string model = "mlp", accelerator = "cpu", data_dir = "data", init_dir, out;
+  int64_t devices = 1, threads = 0, batch_size = 0, warmup = 10, steps = 100, num_workers = 0, train_samples = 0;
+  uint64_t seed = 0;
+  bool raw_allreduce = false;
+  bool handle_signals = true;
+};
+
+// A memory field of /proc/self/status ("VmHWM:", "VmRSS:") in MiB.
+double status_mb(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) == 0) return std::stod(line.substr(std::string(field).size())) / 1024.0;
+  }
+  return 0.0;
+}
+
+void set_threads(int n) {
+  at::set_num_threads(n);
+  using SetThreads = void (*)(int);
+  if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(n);
+}
+
+// Times steps [warmup, warmup + steps) at step boundaries, after the step's
+// work is done (on xla devices, after a step mark), and writes the result.
+class BenchCallback : public fulgur::Callback {
+ public:
+  explicit BenchCallback(Settings s) : s_(std::move(s)) {}
+  std::string state_key() const override { return "BenchCallback"; }
+
+  void on_fit_start(fulgur::Trainer&, fulgur::LightningModule&) override {
+    if (s_.threads > 0) set_threads(static_cast<int>(s_.threads));
+    if (s_.accelerator == "xla") graphs_before_ = fulgur::xla::metrics().graphs_compiled;
+  }
+
+  void on_train_batch_end(fulgur::Trainer& trainer, fulgur::LightningModule&, const fulgur::StepOutput& out,
+                          const fulgur::Batch&, int64_t) override {
+    const int64_t step = trainer.global_step();
+    if (step == s_.warmup) {
+      sync(out);
+      start_ = Clock::now();
+      sync_start_ = sync_seconds(trainer);
+    }
+    if (step == s_.warmup + s_.steps) {
+      final_loss_ = sync(out);
+      seconds_ = std::chrono::duration<double>(Clock::now() - start_).count();
+      sync_total_ = sync_seconds(trainer) - sync_start_;
+    }
+  }
+
+  void on_train_epoch_end(fulgur::Trainer&, fulgur::LightningModule&) override {
+    rss_by_epoch_.push_back(status_mb("VmRSS:"));
+  }
+
+  void on_fit_end(fulgur::Trainer& trainer, fulgur::LightningModule& model) override {
+    const int64_t world = trainer.world_size();
+    std::ostringstream js;
+    js.precision(10);
+    js << "{\"side\": \"fulgur_" << (s_.accelerator == "xla" ? "xla" : "ddp") << "\", \"model\": \"" << s_.model
+       << "\", \"rank\": " << trainer.global_rank() << ", \"world_size\": " << world
+       << ", \"threads\": " << at::get_num_threads() << ", \"steps\": " << s_.steps << ", \"warmup\": " << s_.warmup
+       << ", \"batch_size\": " << s_.batch_size << ", \"seconds\": " << seconds_
+       << ", \"samples_per_s\": " << static_cast<double>(s_.batch_size * world * s_.steps) / seconds_
+       << ", \"step_seconds\": " << seconds_ / static_cast<double>(s_.steps) << ", \"final_loss\": " << final_loss_
+       << ", \"sync_seconds_per_step\": " << sync_total_ / static_cast<double>(s_.steps)
+       << ", \"peak_rss_mb\": " << status_mb("VmHWM:") << ", \"rss_mb_by_epoch\": [";
+    for (size_t i = 0; i < rss_by_epoch_.size(); ++i) js << (i ? ", " : "") << rss_by_epoch_[i];
+    js << "]";
+    if (s_.accelerator == "xla") js << ", \"graphs_compiled\": " << fulgur::xla::metrics().graphs_compiled - graphs_before_;
+    if (s_.raw_allreduce && world > 1) raw_allreduce(trainer, model, js);
+    js << "}";
+    std::ofstream f(s_.out + "_" + s_.model + "." + std::to_string(trainer.global_rank()) + ".json");
+    f << js.str() << "\n";
+  }
+
+ private:
+  double sync(const fulgur::StepOutput& out) {
+    if (s_.accelerator == "xla") fulgur::xla::mark_step();
+    return out.loss().item<double>();
+  }
+
+  static double sync_seconds(fulgur::Trainer& trainer) {
+    auto* ddp = dynamic_cast<fulgur::DDPStrategy*>(&trainer.strategy());
+    return ddp ? ddp->gradient_sync_seconds() : 0.0;
+  }
+
+  // Median of one Gloo all-reduce of as many bytes as the gradients, on the
+  // trainer's own process group.
+  static void raw_allreduce(fulgur::Trainer& trainer, fulgur::LightningModule& model, std::ostringstream& js) {
+    auto* ps = dynamic_cast<fulgur::ParallelStrategy*>(&trainer.strategy());
+    if (!ps || !ps->collectives()) return;
+    int64_t n = 0;
+    for (const auto& p : model.parameters())
+      if (p.requires_grad()) n += p.numel();
+    at::Tensor buf = torch::zeros({n});
+    std::vector<double> times;
+    for (int i = 0; i < 40; ++i) {
+      ps->collectives()->barrier("raw_allreduce");
+      const auto t0 = Clock::now();
+      ps->collectives()->all_reduce_async(buf, fulgur::ReduceOp::kSum)->wait();
+      times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    js << ", \"raw_allreduce_seconds\": " << times[times.size() / 2] << ", \"grad_bytes\": " << n * 4;
+  }
+
+  Settings s_;
+  Clock::time_point start_;
+  std::vector<double> rss_by_epoch_;
+  int64_t graphs_before_ = 0;
+  double seconds_ = 0.0, final_loss_ = 0.0, sync_start_ = 0.0, sync_total_ = 0.0;
+};
+
+std::shared_ptr<fulgur::Dataset> train_dataset(const Settings& s, int64_t* vocab_size) {
+  if (s.model == "charlm") {
+    charlm::Config cfg;
+    auto text = fulgur::CharDataset::from_file(s.data_dir + "/kjv.txt", cfg.block_size);
+    *vocab_size = text->vocab_size();
+    return std::make_shared<fulgur::SubsetDataset>(text, 0, text->size() * 9 / 10);
+  }
+  auto full = fulgur::load_mnist(s.data_dir + "/mnist", fulgur::Split::kTrain);
+  const int64_t n = s.train_samples > 0 ? std::min<int64_t>(s.train_samples, 55000) : 55000;
+  return std::make_shared<fulgur::SubsetDataset>(full, 0, n);
+}
+
+// Loads a plain dict of tensors saved by Python's torch.save (reference.py
+// saves dict(model.state_dict())). fulgur::load_from_checkpoint cannot read
+// these yet: libtorch 1.13's unpickler turns the OrderedDict of a bare
+// state_dict into None, and a plain dict arrives with key type Any, which
+// TorchCheckpointIO rejects as "not a dict with string keys".
+void load_initial_weights(torch::nn::Module& module, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read initial weights " + path);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const c10::IValue value = torch::pickle_load(bytes);
+  if (!value.isGenericDict()) throw std::runtime_error(path + " does not hold a dict (found " + value.tagKind() + ")");
+  auto state = c10::impl::toTypedDict<std::string, c10::IValue>(
+      c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+  for (const auto& kv : value.toGenericDict()) {
+    if (!kv.key().isString()) throw std::runtime_error(path + " has a key that is not a string");
+    state.insert(kv.key().toStringRef(), kv.value());
+  }
+  fulgur::load_state_dict(module, state, true, path);
+}
+
+// One fit of `s.model` from its initial weights; the callback writes the result.
+void run(Settings s) {
+  int64_t vocab = 0;
+  auto dataset = train_dataset(s, &vocab);
+  std::shared_ptr<fulgur::LightningModule> model;
+  if (s.model == "charlm") {
+    charlm::Config cfg;
+    cfg.vocab_size = vocab;
+    model = std::make_shared<charlm::CharLM>(cfg);
+  } else {
+    model = mnist::make_model(s.model, 1e-3);
+  }
+  load_initial_weights(*model, s.init_dir + "/" + s.model + ".pt");
+  if (s.batch_size <= 0) s.batch_size = s.model == "charlm" ? 32 : 64;
+  auto loader = std::make_shared<fulgur::DataLoader>(
+      dataset,
+      fulgur::DataLoaderOptions(s.batch_size).shuffle(true).seed(s.seed).drop_last(true).num_workers(s.num_workers));
+
+  fulgur::TrainerOptions opts;
+  const bool xla = s.accelerator == "xla";
+  opts.accelerator(s.accelerator).devices(s.devices).strategy(xla ? (s.devices > 1 ? "xla" : "single_xla") : "ddp");
+  opts.max_steps(s.warmup + s.steps).max_epochs(-1).num_sanity_val_steps(0);
+  opts.enable_checkpointing(false).enable_progress_bar(false).logger(false).handle_signals(s.handle_signals);
+  opts.callbacks({std::make_shared<BenchCallback>(s)});
+  fulgur::Trainer trainer(opts);
+  trainer.fit(*model, loader);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fulgur's side of the benchmarks (bench/run.py drives it)"};
+  Settings s;
+  std::string models_arg = "mlp";
+  app.add_option("--model", models_arg, "mlp, cnn, charlm, or a list run one after the other: mlp,cnn");
+  app.add_option("--accelerator", s.accelerator, "cpu (DDPStrategy) or xla (XLAStrategy; one device: single_xla)");
+  app.add_option("--devices", s.devices, "processes");
+  app.add_option("--threads", s.threads, "torch and BLAS threads per process (0: cores / devices, the trainer's policy)");
+  app.add_option("--batch-size", s.batch_size, "per process (0: 64 for MNIST, 32 for charlm)");
+  app.add_option("--warmup", s.warmup, "untimed steps first (>= 1)");
+  app.add_option("--steps", s.steps, "timed steps");
+  app.add_option("--num-workers", s.num_workers, "DataLoader worker threads");
+  app.add_option("--seed", s.seed, "sampler seed");
+  app.add_option("--train-samples", s.train_samples, "MNIST: use the first N training images (0: all 55,000)");
+  app.add_option("--data-dir", s.data_dir, "holds mnist/ and kjv.txt");
+  app.add_option("--init-dir", s.init_dir, "initial weights <init-dir>/<model>.pt (reference.py --mode init)")->required();
+  app.add_option("--out", s.out, "result prefix: <out>_<model>.<rank>.json")->required();
+  app.add_flag("--raw-allreduce", s.raw_allreduce, "also time a raw all-reduce of the gradient bytes");
+  app.add_flag("!--no-signal-check", s.handle_signals,
+               "TrainerOptions::handle_signals(false): no per-step stop-signal decision (an all-reduce on several processes)");
+  CLI11_PARSE(app, argc, argv);
+
+  // The launcher forks the workers after the setup in run(), and libgomp's
+  // thread pool does not survive a fork (a worker hangs in its first parallel
+  // region): no parallel work in this process. Each worker sets its threads.
+  at::set_num_threads(1);
+  if (s.threads <= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int64_t cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    s.threads = std::max<int64_t>(1, cores / std::max<int64_t>(1, s.devices));
+  }
+  std::istringstream model_list(models_arg);
+  try {
+    for (std::string m; std::getline(model_list, m, ',');) {
+      s.model = m;
+      run(s);
+    }
+  } catch (const fulgur::WorkerFailure& e) {
+    std::fprintf(stderr, "fulgur_bench: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fulgur_bench: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
