@@ -48,7 +48,8 @@ struct TrainerImpl {
   // Reduces a logged value across ranks (for sync_dist).
   ResultCollection::Reducer reducer();
   void log(const std::string& name, const at::Tensor& value, const LogOptions& options);
-  bool stop_requested();
+  // Whether a stop signal (on any rank) ends training after this batch.
+  bool stop_requested(int64_t batch_idx, bool last);
 
   // --- checkpoints ---
   Checkpoint dump_checkpoint();
