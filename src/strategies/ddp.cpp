@@ -278,7 +278,8 @@ c10::Device XLAStrategy::root_device() const {
 void XLAStrategy::mark_step() { xla::mark_step(); }
 
 std::unique_ptr<detail::GradientSync> XLAStrategy::make_gradient_sync() {
-  return detail::make_step_reducer(detail::unique_trainable_parameters(*model_), collectives_, [] { xla::mark_step(); });
+  // Strategy::optimizer_step marks the step (materializing the gradients) before syncing.
+  return detail::make_step_reducer(detail::unique_trainable_parameters(*model_), collectives_, nullptr);
 }
 
 std::shared_ptr<BatchSource> XLAStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {

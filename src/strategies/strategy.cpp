@@ -101,6 +101,11 @@ void Strategy::optimizer_step(torch::optim::Optimizer& optimizer, const std::fun
                               const std::function<void()>& before_step) {
   StepHooks hooks;
   hooks.before_step = [&] {
+    // On lazy devices the forward and backward run as their own graph before
+    // the update: gradients must be materialized for Gloo anyway, and on one
+    // process one graph for the whole step was slower with the TorchScript
+    // backend (charlm 152 against 115 ms, MNIST CNN 95 against 65 ms).
+    if (model_ && root_device().type() == c10::kLazy) mark_step();
     sync_gradients();
     if (before_step) before_step();
   };
