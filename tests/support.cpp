@@ -30,6 +30,13 @@ TempDir::~TempDir() {
   fs::remove_all(path, ec);
 }
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 std::string program(const std::string& name) { return (fs::read_symlink("/proc/self/exe").parent_path() / name).string(); }
 
 std::string mnist_dir() {

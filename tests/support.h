@@ -22,6 +22,9 @@ struct TempDir {
 // The MNIST folder (from FULGUR_DATA_DIR, set by CTest).
 std::string mnist_dir();
 
+// The whole content of a file ("" when it cannot be read).
+std::string read_file(const std::string& path);
+
 // A program built beside this test binary (build/bin/<name>).
 std::string program(const std::string& name);
 

@@ -29,6 +29,7 @@
 #include <thread>
 
 using namespace fulgur;
+using fulgur::testing::read_file;
 using fulgur::testing::TempDir;
 
 namespace {
@@ -51,13 +52,6 @@ struct EnvGuard {
   }
   std::map<std::string, std::optional<std::string>> saved;
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
@@ -397,6 +391,17 @@ void wait_for_training(const std::string& log) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
 }
 
+// Starts one node of a 2-node x 2-worker MNIST job (`max_steps` steps, output
+// under `root`) in each namespace; node N logs to <log_dir>/nodeN.log. The
+// launchers' pids go to `reaper`, node 0 first.
+void start_two_nodes(TwoHosts& hosts, Reaper& reaper, const std::string& root, const std::string& log_dir,
+                     int max_steps) {
+  for (int node = 0; node < 2; ++node) {
+    reaper.pids.push_back(hosts.start(node, mnist_args(root, 2, 2, 16, max_steps), node_env(node),
+                                      log_dir + "/node" + std::to_string(node) + ".log"));
+  }
+}
+
 #define NEED_TWO_HOSTS(hosts)                                   \
   if (!(hosts).skip_reason.empty()) GTEST_SKIP() << (hosts).skip_reason; \
   ASSERT_TRUE((hosts).ok) << "could not set up the namespaces " << (hosts).ns[0] << " and " << (hosts).ns[1]
@@ -526,10 +531,7 @@ TEST(TwoHosts, TwoNodesOfTwoWorkersMatchOneWorkerWithTheSameGlobalBatch) {
   const auto start = std::chrono::steady_clock::now();
   Reaper reaper;
   std::vector<pid_t>& nodes = reaper.pids;
-  for (int node = 0; node < 2; ++node) {
-    nodes.push_back(hosts.start(node, mnist_args(dir.path + "/two", 2, 2, 16, 6), node_env(node),
-                                dir.path + "/node" + std::to_string(node) + ".log"));
-  }
+  start_two_nodes(hosts, reaper, dir.path + "/two", dir.path, 6);
   const pid_t single = hosts.start(-1, mnist_args(dir.path + "/one", 1, 1, 64, 6), {}, dir.path + "/one.log");
   reaper.pids.push_back(single);
   for (int node = 0; node < 2; ++node) {
@@ -572,10 +574,7 @@ TEST(TwoHosts, KilledNodeStopsTheOtherWithItsNameAndRanks) {
   TempDir dir;
   Reaper reaper;
   std::vector<pid_t>& nodes = reaper.pids;
-  for (int node = 0; node < 2; ++node) {
-    nodes.push_back(hosts.start(node, mnist_args(dir.path, 2, 2, 16, 100000), node_env(node),
-                                dir.path + "/node" + std::to_string(node) + ".log"));
-  }
+  start_two_nodes(hosts, reaper, dir.path, dir.path, 100000);
   wait_for_training(dir.path + "/node0.log");
   ASSERT_FALSE(wait_for(nodes[0], std::chrono::seconds(0)).has_value()) << read_file(dir.path + "/node0.log");
   ::kill(nodes[1], SIGKILL);
@@ -601,10 +600,7 @@ TEST(TwoHosts, KilledWorkerOnOneNodeIsNamedOnTheOther) {
   TempDir dir;
   Reaper reaper;
   std::vector<pid_t>& nodes = reaper.pids;
-  for (int node = 0; node < 2; ++node) {
-    nodes.push_back(hosts.start(node, mnist_args(dir.path, 2, 2, 16, 100000), node_env(node),
-                                dir.path + "/node" + std::to_string(node) + ".log"));
-  }
+  start_two_nodes(hosts, reaper, dir.path, dir.path, 100000);
   wait_for_training(dir.path + "/node0.log");
   // Rank 3 is node 1's second worker: the launcher's child started last.
   int rank3 = -1;

@@ -28,19 +28,13 @@
 extern char** environ;
 
 using namespace fulgur;
+using fulgur::testing::read_file;
 using fulgur::testing::TempDir;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // A program started with posix_spawn, its stdout and stderr in files.
 struct Child {
