@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <malloc.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -439,4 +444,50 @@ TEST(Predict, ReturnsOnePredictionPerBatch) {
   auto preds = t.predict(m, loader(20, 8));
   ASSERT_EQ(preds.size(), 3u);
   EXPECT_EQ(preds[2].size(0), 4);
+}
+
+namespace {
+
+// Forks; the child sets FULGUR_MALLOC_POLICY (unset when empty), fits two
+// steps, then mallocs 8 MiB and exits 0 if glibc served it from the heap, 1
+// if with its own mmap, 2 if fit threw an error naming the value, 3 otherwise.
+int child_fit_then_big_malloc(const std::string& policy) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (policy.empty()) ::unsetenv("FULGUR_MALLOC_POLICY");
+    else ::setenv("FULGUR_MALLOC_POLICY", policy.c_str(), 1);
+    int code = 3;
+    try {
+      TempDir dir;
+      TinyRegression model;
+      Trainer(quiet(dir.path).max_steps(2).logger(false).enable_checkpointing(false)).fit(model, loader(32, 8));
+      const size_t mmapped_before = mallinfo2().hblks;
+      void* volatile block = std::malloc(size_t{8} << 20);
+      code = mallinfo2().hblks == mmapped_before ? 0 : 1;
+      std::free(block);
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      code = what.find("FULGUR_MALLOC_POLICY=" + policy) != std::string::npos &&
+                     what.find("on, 1, off, 0") != std::string::npos
+                 ? 2
+                 : 3;
+    } catch (...) {
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+// The allocator policy (src/runtime/memory.h): after fit, a block of several
+// MiB comes from the heap instead of a fresh mmap, so a step's freed
+// activations are reused without page faults; the user can opt out.
+TEST(MallocPolicy, FitKeepsBigBlocksInTheHeapUnlessTurnedOff) {
+  EXPECT_EQ(child_fit_then_big_malloc(""), 0);
+  EXPECT_EQ(child_fit_then_big_malloc("on"), 0);
+  EXPECT_EQ(child_fit_then_big_malloc("off"), 1);
+  EXPECT_EQ(child_fit_then_big_malloc("sometimes"), 2);
 }

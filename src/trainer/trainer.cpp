@@ -7,6 +7,7 @@
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
+#include "runtime/memory.h"
 #include "runtime/signals.h"
 #include "trainer/optim_state.h"
 #include "trainer/trainer_impl.h"
@@ -640,6 +641,7 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
   } detach{this};
   std::optional<runtime::StopSignalGuard> signals;
   if (options.handle_signals() && run_stage == Stage::kFit) signals.emplace();
+  runtime::apply_malloc_policy();
 
   strategy->setup_environment();
   struct Teardown {

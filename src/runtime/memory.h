@@ -1,0 +1,34 @@
+#pragma once
+// The allocator policy (see docs/ARCHITECTURE.md, "Memory"). glibc's malloc
+// by default serves every block above a moving threshold (128 KiB at first)
+// with its own mmap and gives it back with munmap when freed, and returns the
+// top of the heap to the system once more than 128 KiB of it is free. A
+// training step frees and reallocates the same activation and gradient
+// blocks every step, so each step pays the page faults of touching them
+// again: on the MNIST CNN (2 processes) 1.7 million minor faults in 200
+// steps, 40% of the time in the kernel, and 4.6x fewer samples/s than with
+// freed memory kept. The policy keeps it: blocks up to kMmapThreshold come
+// from the heap, and the heap is trimmed only above kTrimThreshold of free
+// top. Peak resident memory is the same (the step needs those pages anyway).
+
+#include <cstddef>
+#include <string>
+
+namespace fulgur::runtime {
+
+inline constexpr size_t kMmapThreshold = size_t{512} << 20;
+inline constexpr size_t kTrimThreshold = size_t{1} << 30;
+
+// What apply_malloc_policy() does (or did) in this process, for the log.
+struct MallocPolicy {
+  bool applied = false;
+  std::string reason;  // why not, when not applied
+};
+
+// Applies the policy once per process. Leaves glibc alone when the user chose
+// its settings (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, a
+// glibc.malloc tunable in GLIBC_TUNABLES) or set FULGUR_MALLOC_POLICY=off.
+// Any other value of FULGUR_MALLOC_POLICY than on/1/off/0 is an error.
+MallocPolicy apply_malloc_policy();
+
+}  // namespace fulgur::runtime
