@@ -3,6 +3,8 @@
 
 #include "support.h"
 
+#include "distributed/gradient_sync.h"
+
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -239,4 +241,25 @@ TEST(Collectives, RankOutOfRangeAndPortInUse) {
     EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
   }
   close(fd);
+}
+
+// DDPStrategy's bucket reducer with gradient accumulation: the first
+// micro-batch (sync off) uses both parameters, the last one only `a`. `b`
+// must contribute what it accumulated, as in PyTorch DDP, not zeros; every
+// gradient ends as the mean over ranks.
+TEST(BucketReducer, ParameterUnusedInTheLastMicroBatchKeepsItsAccumulatedGradient) {
+  expect_all_ok(run_ranks(2, [](Collectives& c) {
+    const double r = static_cast<double>(c.rank()) + 1.0;
+    auto a = torch::zeros({3}, torch::requires_grad());
+    auto b = torch::zeros({2}, torch::requires_grad());
+    auto reducer = fulgur::detail::make_bucket_reducer({a, b}, std::shared_ptr<Collectives>(&c, [](Collectives*) {}));
+    reducer->set_enabled(false);
+    ((a * r).sum() + (b * (10.0 * r)).sum()).backward();  // a: r, b: 10 r
+    reducer->set_enabled(true);
+    (a * r).sum().backward();  // a: 2 r, b untouched
+    reducer->finalize();
+    // Ranks hold r = 1 and 2: a = mean(2, 4) = 3, b = mean(10, 20) = 15.
+    require(torch::allclose(a.grad(), torch::full({3}, 3.0)), "a.grad = 3, got " + std::to_string(a.grad()[0].item<double>()));
+    require(torch::allclose(b.grad(), torch::full({2}, 15.0)), "b.grad = 15, got " + std::to_string(b.grad()[0].item<double>()));
+  }));
 }

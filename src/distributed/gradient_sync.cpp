@@ -89,23 +89,24 @@ class BucketReducer : public GradientSync {
   void finalize() override {
     if (!enabled_) return;
     ScopedTimer timer(seconds_);
-    // Parameters that got no gradient this backward contribute zeros.
+    // A parameter that got no gradient in this backward contributes the
+    // gradient it holds (accumulated by earlier micro-batches), or zeros.
     for (size_t k = 0; k < params_.size(); ++k)
-      if (!seen_[k]) mark_ready(k, at::Tensor());
+      if (!seen_[k]) mark_ready(k, params_[k].grad());
     launch_ready();
-    const double inv = 1.0 / static_cast<double>(collectives_->world_size());
+    const at::Scalar inv = 1.0 / static_cast<double>(collectives_->world_size());
     torch::NoGradGuard no_grad;
     for (auto& b : buckets_) {
       b.pending->wait();
       b.pending.reset();
-      b.flat.mul_(inv);
+      // The division by the world size and the copy back in one pass.
       for (size_t j = 0; j < b.params.size(); ++j) {
         auto& p = params_[b.params[j]];
         auto slice = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
-        if (p.grad().defined()) {
-          p.mutable_grad().copy_(slice);
+        if (p.grad().defined() && p.grad().is_contiguous()) {
+          at::mul_out(p.mutable_grad(), slice, inv);
         } else {
-          p.mutable_grad() = slice.clone();
+          p.mutable_grad() = slice.mul(inv);
         }
       }
       b.ready = 0;
