@@ -1,5 +1,7 @@
 #include <fulgur/plugins/precision/precision.h>
 
+#include "optim/fused_adam.h"
+
 #include <torch/torch.h>
 
 #include <stdexcept>
@@ -36,7 +38,7 @@ void Precision::optimizer_step(torch::optim::Optimizer& optimizer, const std::fu
                                const StepHooks& hooks) const {
   if (closure) closure();
   if (hooks.before_step) hooks.before_step();
-  optimizer.step();
+  if (!detail::fused_optimizer_step(optimizer)) optimizer.step();
   if (hooks.after_step) hooks.after_step();
 }
 
