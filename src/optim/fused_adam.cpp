@@ -41,23 +41,23 @@ __attribute__((target_clones("avx2", "default"))) void update_range(float* __res
                                                                      float* __restrict m, float* __restrict v,
                                                                      float* __restrict vmax, int64_t begin, int64_t end,
                                                                      const Coefficients& c) {
-    for (int64_t i = begin; i < end; ++i) {
-      float pi = p[i];
-      if (c.adamw_decays) pi = pi * c.adamw_keep;  // p.mul_(1 - lr * wd)
-      float gi = g[i];
-      if (c.adam_decays) gi = gi + c.adam_decay * pi;  // grad.add(p, wd)
-      const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;              // mul_(b1).add_(g, 1 - b1)
-      const float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;         // mul_(b2).addcmul_(g, g, 1 - b2)
-      m[i] = mi;
-      v[i] = vi;
-      float second = vi;
-      if (c.amsgrad) {
-        second = vmax[i] > vi ? vmax[i] : vi;  // max_out(max_exp_avg_sq, exp_avg_sq, ...)
-        vmax[i] = second;
-      }
-      const float denom = std::sqrt(second) / c.bias2_sqrt + c.eps;  // (sqrt / sqrt(bc2)).add_(eps)
-      p[i] = pi + c.neg_step_size * mi / denom;                        // addcdiv_(m, denom, -step_size)
+  for (int64_t i = begin; i < end; ++i) {
+    float pi = p[i];
+    if (c.adamw_decays) pi = pi * c.adamw_keep;  // p.mul_(1 - lr * wd)
+    float gi = g[i];
+    if (c.adam_decays) gi = gi + c.adam_decay * pi;  // grad.add(p, wd)
+    const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;              // mul_(b1).add_(g, 1 - b1)
+    const float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;         // mul_(b2).addcmul_(g, g, 1 - b2)
+    m[i] = mi;
+    v[i] = vi;
+    float second = vi;
+    if (c.amsgrad) {
+      second = vmax[i] > vi ? vmax[i] : vi;  // max_out(max_exp_avg_sq, exp_avg_sq, ...)
+      vmax[i] = second;
     }
+    const float denom = std::sqrt(second) / c.bias2_sqrt + c.eps;  // (sqrt / sqrt(bc2)).add_(eps)
+    p[i] = pi + c.neg_step_size * mi / denom;                        // addcdiv_(m, denom, -step_size)
+  }
 }
 
 void update(float* p, const float* g, float* m, float* v, float* vmax, int64_t n, const Coefficients& c) {
