@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <unordered_set>
@@ -31,6 +32,35 @@ class ScopedTimer {
   double& total_;
   std::chrono::steady_clock::time_point start_;
 };
+
+bool plain_float(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() && !t.is_sparse();
+}
+
+// dst[0, n) = src (flattened). A plain loop for contiguous float CPU
+// tensors: the tensor-op path costs several dispatches per parameter, which
+// on the 38 parameters of the character model was 0.3 ms of a 1.6 MiB sync.
+void copy_into(const at::Tensor& dst_slice, const at::Tensor& src) {
+  if (plain_float(dst_slice) && plain_float(src)) {
+    std::memcpy(dst_slice.data_ptr<float>(), src.data_ptr<float>(), static_cast<size_t>(src.numel()) * sizeof(float));
+  } else {
+    dst_slice.copy_(src.reshape({-1}));
+  }
+}
+
+// grad = slice * scale (grad takes slice's shape `sizes` when it has none).
+void scaled_copy_back(at::Tensor& grad, const at::Tensor& slice, at::IntArrayRef sizes, double scale) {
+  if (grad.defined() && plain_float(grad) && plain_float(slice) && grad.numel() == slice.numel()) {
+    float* d = grad.data_ptr<float>();
+    const float* s = slice.data_ptr<float>();
+    const float f = static_cast<float>(scale);
+    for (int64_t i = 0, n = slice.numel(); i < n; ++i) d[i] = s[i] * f;
+  } else if (grad.defined() && grad.is_contiguous()) {
+    at::mul_out(grad, slice.view(sizes), scale);
+  } else {
+    grad = slice.view(sizes).mul(scale);
+  }
+}
 
 // A flat buffer and the parameters whose gradients it holds.
 struct Bucket {
@@ -94,7 +124,7 @@ class BucketReducer : public GradientSync {
     for (size_t k = 0; k < params_.size(); ++k)
       if (!seen_[k]) mark_ready(k, params_[k].grad());
     launch_ready();
-    const at::Scalar inv = 1.0 / static_cast<double>(collectives_->world_size());
+    const double inv = 1.0 / static_cast<double>(collectives_->world_size());
     torch::NoGradGuard no_grad;
     for (auto& b : buckets_) {
       b.pending->wait();
@@ -102,12 +132,7 @@ class BucketReducer : public GradientSync {
       // The division by the world size and the copy back in one pass.
       for (size_t j = 0; j < b.params.size(); ++j) {
         auto& p = params_[b.params[j]];
-        auto slice = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
-        if (p.grad().defined() && p.grad().is_contiguous()) {
-          at::mul_out(p.mutable_grad(), slice, inv);
-        } else {
-          p.mutable_grad() = slice.mul(inv);
-        }
+        scaled_copy_back(p.mutable_grad(), b.flat.narrow(0, b.offsets[j], p.numel()), p.sizes(), inv);
       }
       b.ready = 0;
     }
@@ -133,7 +158,7 @@ class BucketReducer : public GradientSync {
     Bucket& bucket = buckets_[b];
     auto slice = bucket.flat.narrow(0, bucket.offsets[j], params_[k].numel());
     if (total.defined()) {
-      slice.copy_(total.reshape({-1}));
+      copy_into(slice, total);
     } else {
       slice.zero_();
     }
