@@ -259,9 +259,7 @@ int main(int argc, char** argv) {
                "TrainerOptions::handle_signals(false): no per-step stop-signal decision (an all-reduce on several processes)");
   CLI11_PARSE(app, argc, argv);
 
-  // The launcher forks the workers after the setup in run(), and libgomp's
-  // thread pool does not survive a fork (a worker hangs in its first parallel
-  // region): no parallel work in this process. Each worker sets its threads.
+  // This process does no timed work; each worker sets its own threads.
   at::set_num_threads(1);
   if (s.threads <= 0) {
     cpu_set_t set;

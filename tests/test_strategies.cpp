@@ -2,15 +2,21 @@
 
 #include "support.h"
 
+#include "runtime/threads.h"
+
 #include <fulgur/strategies/ddp.h>
+
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 using namespace fulgur;
 using fulgur::testing::regression_data;
@@ -209,4 +215,59 @@ TEST(Strategies, CheckpointIsWrittenOnceByRankZeroWithCpuTensors) {
   TinyRegression loaded;
   load_from_checkpoint(loaded, ckpt->best_model_path());
   EXPECT_TRUE(torch::equal(loaded.fc->weight, m.fc->weight));
+}
+
+namespace {
+
+// Runs at every training batch: an op big enough for libtorch to run it in an
+// OpenMP parallel region when the worker has more than one thread (a region
+// written here would not be one: this file is not built with OpenMP), and
+// writes the worker's thread count and the op's result.
+struct ParallelOpEachBatch : Callback {
+  explicit ParallelOpEachBatch(std::string path) : path(std::move(path)) {}
+  std::string state_key() const override { return "ParallelOpEachBatch"; }
+  void on_train_batch_end(Trainer&, LightningModule&, const StepOutput&, const Batch&, int64_t) override {
+    const double sum = torch::ones({1 << 22}).mul(2).sum().item<double>();
+    std::ofstream(path) << at::get_num_threads() << " " << static_cast<int64_t>(sum);
+  }
+  std::string path;
+};
+
+}  // namespace
+
+// GNU OpenMP's thread pool does not survive fork: a forked worker's first
+// parallel region used to hang when the launching process had run one before
+// fit. The scenario runs in a child of the test, which is killed after 60 s.
+TEST(Launcher, ForkedWorkerRunsParallelOpsAfterTheParentDid) {
+  if (fulgur::runtime::available_cores() < 2) GTEST_SKIP() << "needs 2 cores for a worker with 2 threads (has " << fulgur::runtime::available_cores() << ")";
+  TempDir dir;
+  const std::string record = dir.path + "/threads";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 1;
+    try {
+      at::set_num_threads(2);
+      const double before = torch::ones({1 << 22}).mul(2).sum().item<double>();  // starts this process's pool
+      TinyRegression m;
+      Trainer t(opts(dir.path, "cpu", "ddp", 1).max_steps(3).enable_checkpointing(false).logger(false).callbacks(
+          {std::make_shared<ParallelOpEachBatch>(record)}));
+      t.fit(m, loader(64, 8));
+      code = before == 8388608.0 ? 0 : 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "scenario failed: %s\n", e.what());
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);  // its workers follow (PDEATHSIG)
+      ::waitpid(pid, &status, 0);
+      FAIL() << "the forked worker hung (60 s) after the launching process ran a parallel op";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  EXPECT_EQ(fulgur::testing::read_file(record), "2 8388608") << "the worker ran its parallel op with 2 threads";
 }

@@ -15,6 +15,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -235,6 +236,36 @@ std::vector<std::string> own_argv() {
   }
 }
 
+// A forked worker runs on a fresh thread, not on the forked main thread.
+// GNU OpenMP keeps a thread pool per master thread, and the child inherits the
+// parent's pool without its threads: if the launching process ran a parallel
+// region before fit, the forked main thread's first parallel region waits
+// for them forever. A new thread starts a pool of its own.
+[[noreturn]] void run_forked_worker(const WorkerFn& fn, int64_t local_world_size) {
+  struct Job {
+    const WorkerFn* fn;
+    int64_t local_world_size;
+  } job{&fn, local_world_size};
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, size_t{64} << 20);  // user code may recurse deeply
+  pthread_t thread;
+  auto body = [](void* arg) -> void* {
+    auto* j = static_cast<Job*>(arg);
+    runtime::apply_thread_policy(j->local_world_size);
+    run_worker(*j->fn);  // exits the process
+  };
+  const int err = pthread_create(&thread, &attr, body, &job);
+  pthread_attr_destroy(&attr);
+  if (err != 0) {
+    std::fprintf(stderr, "fulgur: cannot start the worker thread (%s); running on the main thread\n", std::strerror(err));
+    runtime::apply_thread_policy(local_world_size);
+    run_worker(fn);
+  }
+  pthread_join(thread, nullptr);
+  worker_exit(1);  // not reached: run_worker exits
+}
+
 }  // namespace
 
 bool is_fulgur_worker() {
@@ -315,9 +346,8 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
                      std::strerror(errno));
         ::_exit(127);
       }
-      runtime::apply_thread_policy(n);
       g_launches = static_cast<int>(index);
-      run_worker(fn);
+      run_forked_worker(fn, n);
     }
     pids[local] = pid;
   }

@@ -1,6 +1,5 @@
 #include "optim/fused_adam.h"
 
-#include <ATen/Parallel.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
@@ -60,8 +59,10 @@ __attribute__((target_clones("avx2", "default"))) void update_range(float* __res
   }
 }
 
+// One thread: the pass is memory-bound. (at::parallel_for would be serial
+// here anyway: its OpenMP branch is compiled only in files built with OpenMP.)
 void update(float* p, const float* g, float* m, float* v, float* vmax, int64_t n, const Coefficients& c) {
-  at::parallel_for(0, n, 32768, [&](int64_t begin, int64_t end) { update_range(p, g, m, v, vmax, begin, end, c); });
+  update_range(p, g, m, v, vmax, 0, n, c);
 }
 
 template <typename Options, typename State>
