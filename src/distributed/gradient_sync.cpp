@@ -1,5 +1,7 @@
 #include "distributed/gradient_sync.h"
 
+#include "runtime/plain_tensor.h"
+
 #include <torch/torch.h>
 
 #include <chrono>
@@ -33,15 +35,11 @@ class ScopedTimer {
   std::chrono::steady_clock::time_point start_;
 };
 
-bool plain_float(const at::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() && !t.is_sparse();
-}
-
 // dst[0, n) = src (flattened). A plain loop for contiguous float CPU
 // tensors: the tensor-op path costs several dispatches per parameter, which
 // on the 38 parameters of the character model was 0.3 ms of a 1.6 MiB sync.
 void copy_into(const at::Tensor& dst_slice, const at::Tensor& src) {
-  if (plain_float(dst_slice) && plain_float(src)) {
+  if (runtime::is_plain_cpu_float(dst_slice) && runtime::is_plain_cpu_float(src)) {
     std::memcpy(dst_slice.data_ptr<float>(), src.data_ptr<float>(), static_cast<size_t>(src.numel()) * sizeof(float));
   } else {
     dst_slice.copy_(src.reshape({-1}));
@@ -50,7 +48,7 @@ void copy_into(const at::Tensor& dst_slice, const at::Tensor& src) {
 
 // grad = slice * scale (grad takes slice's shape `sizes` when it has none).
 void scaled_copy_back(at::Tensor& grad, const at::Tensor& slice, at::IntArrayRef sizes, double scale) {
-  if (grad.defined() && plain_float(grad) && plain_float(slice) && grad.numel() == slice.numel()) {
+  if (runtime::is_plain_cpu_float(grad) && runtime::is_plain_cpu_float(slice) && grad.numel() == slice.numel()) {
     float* d = grad.data_ptr<float>();
     const float* s = slice.data_ptr<float>();
     const float f = static_cast<float>(scale);

@@ -1,5 +1,8 @@
 #include "optim/fused_adam.h"
 
+#include "runtime/plain_tensor.h"
+#include "trainer/optim_state.h"
+
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
@@ -8,15 +11,11 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace fulgur::detail {
 
 namespace {
-
-bool eligible(const at::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided &&
-         t.is_contiguous();
-}
 
 bool enabled() {
   const char* v = std::getenv("FULGUR_FUSED_OPTIMIZER");
@@ -36,11 +35,11 @@ struct Coefficients {
 // one element, in the order of the ops there.
 // Built for AVX2 and for the baseline (chosen at load time), and with
 // -fno-math-errno (CMakeLists.txt) so that sqrt vectorizes.
-__attribute__((target_clones("avx2", "default"))) void update_range(float* __restrict p, const float* __restrict g,
-                                                                     float* __restrict m, float* __restrict v,
-                                                                     float* __restrict vmax, int64_t begin, int64_t end,
-                                                                     const Coefficients& c) {
-  for (int64_t i = begin; i < end; ++i) {
+// One thread: the pass is memory-bound.
+__attribute__((target_clones("avx2", "default"))) void update(float* __restrict p, const float* __restrict g,
+                                                               float* __restrict m, float* __restrict v,
+                                                               float* __restrict vmax, int64_t n, const Coefficients& c) {
+  for (int64_t i = 0; i < n; ++i) {
     float pi = p[i];
     if (c.adamw_decays) pi = pi * c.adamw_keep;  // p.mul_(1 - lr * wd)
     float gi = g[i];
@@ -59,33 +58,31 @@ __attribute__((target_clones("avx2", "default"))) void update_range(float* __res
   }
 }
 
-// One thread: the pass is memory-bound. (at::parallel_for would be serial
-// here anyway: its OpenMP branch is compiled only in files built with OpenMP.)
-void update(float* p, const float* g, float* m, float* v, float* vmax, int64_t n, const Coefficients& c) {
-  update_range(p, g, m, v, vmax, 0, n, c);
-}
-
 template <typename Options, typename State>
 bool step(torch::optim::Optimizer& opt, bool adamw) {
+  using runtime::is_plain_cpu_float;
   // Check everything first: either the whole step is fused or none of it.
+  std::vector<std::string> keys;  // of the parameters with a gradient, in order
   for (auto& group : opt.param_groups()) {
     auto& o = static_cast<Options&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      if (!eligible(p) || !eligible(p.grad()) || p.grad().sizes() != p.sizes()) return false;
-      auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      if (!is_plain_cpu_float(p) || !is_plain_cpu_float(p.grad()) || p.grad().sizes() != p.sizes()) return false;
+      keys.push_back(optimizer_state_key(p));
+      auto it = opt.state().find(keys.back());
       if (it == opt.state().end()) continue;
       auto* s = dynamic_cast<State*>(it->second.get());
-      if (!s || !eligible(s->exp_avg()) || !eligible(s->exp_avg_sq())) return false;
-      if (o.amsgrad() && !eligible(s->max_exp_avg_sq())) return false;
+      if (!s || !is_plain_cpu_float(s->exp_avg()) || !is_plain_cpu_float(s->exp_avg_sq())) return false;
+      if (o.amsgrad() && !is_plain_cpu_float(s->max_exp_avg_sq())) return false;
     }
   }
   at::NoGradGuard no_grad;
+  size_t next_key = 0;
   for (auto& group : opt.param_groups()) {
     auto& o = static_cast<Options&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      const std::string& key = keys[next_key++];
       auto it = opt.state().find(key);
       if (it == opt.state().end()) {  // as libtorch initializes it
         auto s = std::make_unique<State>();

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 
 namespace fulgur::runtime {
 
@@ -15,28 +16,23 @@ std::string env(const char* name) {
   return v ? v : "";
 }
 
-MallocPolicy decide_and_apply() {
+void decide_and_apply() {
   const std::string choice = env("FULGUR_MALLOC_POLICY");
-  if (choice == "off" || choice == "0") return {false, "FULGUR_MALLOC_POLICY=" + choice};
+  if (choice == "off" || choice == "0") return;
   if (!choice.empty() && choice != "on" && choice != "1")
     throw std::invalid_argument("FULGUR_MALLOC_POLICY=" + choice + ": allowed values are on, 1, off, 0");
-  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"})
-    if (!env(name).empty()) return {false, std::string(name) + " is set"};
-  if (env("GLIBC_TUNABLES").find("glibc.malloc.") != std::string::npos) return {false, "GLIBC_TUNABLES sets malloc"};
-  if (mallopt(M_MMAP_THRESHOLD, static_cast<int>(kMmapThreshold)) != 1)
-    return {false, "mallopt(M_MMAP_THRESHOLD) refused"};
-  if (mallopt(M_TRIM_THRESHOLD, static_cast<int>(kTrimThreshold)) != 1)
-    return {false, "mallopt(M_TRIM_THRESHOLD) refused"};
-  return {true, ""};
+  // The user's own settings win.
+  if (!env("MALLOC_MMAP_THRESHOLD_").empty() || !env("MALLOC_TRIM_THRESHOLD_").empty()) return;
+  if (env("GLIBC_TUNABLES").find("glibc.malloc.") != std::string::npos) return;
+  mallopt(M_MMAP_THRESHOLD, static_cast<int>(kMmapThreshold));
+  mallopt(M_TRIM_THRESHOLD, static_cast<int>(kTrimThreshold));
 }
 
 }  // namespace
 
-MallocPolicy apply_malloc_policy() {
+void apply_malloc_policy() {
   static std::once_flag once;
-  static MallocPolicy result;
-  std::call_once(once, [] { result = decide_and_apply(); });
-  return result;
+  std::call_once(once, decide_and_apply);
 }
 
 }  // namespace fulgur::runtime

@@ -12,23 +12,16 @@
 // top. Peak resident memory is the same (the step needs those pages anyway).
 
 #include <cstddef>
-#include <string>
 
 namespace fulgur::runtime {
 
 inline constexpr size_t kMmapThreshold = size_t{512} << 20;
 inline constexpr size_t kTrimThreshold = size_t{1} << 30;
 
-// What apply_malloc_policy() does (or did) in this process, for the log.
-struct MallocPolicy {
-  bool applied = false;
-  std::string reason;  // why not, when not applied
-};
-
 // Applies the policy once per process. Leaves glibc alone when the user chose
 // its settings (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, a
 // glibc.malloc tunable in GLIBC_TUNABLES) or set FULGUR_MALLOC_POLICY=off.
 // Any other value of FULGUR_MALLOC_POLICY than on/1/off/0 is an error.
-MallocPolicy apply_malloc_policy();
+void apply_malloc_policy();
 
 }  // namespace fulgur::runtime

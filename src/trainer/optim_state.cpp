@@ -23,8 +23,6 @@ using torch::optim::SGD;
 using torch::optim::SGDOptions;
 using torch::optim::SGDParamState;
 
-std::string key_of(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
-
 c10::Dict<std::string, c10::IValue> group_options(torch::optim::Optimizer& opt, const torch::optim::OptimizerParamGroup& g) {
   auto d = make_dict();
   const auto& o = g.options();
@@ -79,6 +77,8 @@ bool known(torch::optim::Optimizer& opt) {
 
 }  // namespace
 
+std::string optimizer_state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
 c10::IValue optimizer_state_dict(torch::optim::Optimizer& opt) {
   auto out = make_dict();
   if (!known(opt)) {
@@ -99,7 +99,7 @@ c10::IValue optimizer_state_dict(torch::optim::Optimizer& opt) {
     auto d = group_options(opt, g);
     c10::List<int64_t> ids;
     for (auto& p : g.params()) {
-      auto it = opt.state().find(key_of(p));
+      auto it = opt.state().find(optimizer_state_key(p));
       if (it != opt.state().end()) {
         if (auto* s = dynamic_cast<SGDParamState*>(it->second.get())) {
           auto sd = make_dict();
@@ -165,19 +165,19 @@ void load_optimizer_state_dict(torch::optim::Optimizer& opt, const c10::IValue& 
       if (dynamic_cast<SGD*>(&opt)) {
         auto st = std::make_unique<SGDParamState>();
         if (sd.contains("momentum_buffer")) st->momentum_buffer(check("momentum_buffer"));
-        opt.state()[key_of(p)] = std::move(st);
+        opt.state()[optimizer_state_key(p)] = std::move(st);
       } else if (dynamic_cast<AdamW*>(&opt)) {
         auto st = std::make_unique<AdamWParamState>();
         set_adam_state(*st, sd);
         st->exp_avg(check("exp_avg"));
         st->exp_avg_sq(check("exp_avg_sq"));
-        opt.state()[key_of(p)] = std::move(st);
+        opt.state()[optimizer_state_key(p)] = std::move(st);
       } else {
         auto st = std::make_unique<AdamParamState>();
         set_adam_state(*st, sd);
         st->exp_avg(check("exp_avg"));
         st->exp_avg_sq(check("exp_avg_sq"));
-        opt.state()[key_of(p)] = std::move(st);
+        opt.state()[optimizer_state_key(p)] = std::move(st);
       }
     }
   }
@@ -186,7 +186,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& opt, const c10::IValue& 
 void optimizer_state_to_params_device(torch::optim::Optimizer& opt) {
   for (auto& g : opt.param_groups()) {
     for (auto& p : g.params()) {
-      auto it = opt.state().find(key_of(p));
+      auto it = opt.state().find(optimizer_state_key(p));
       if (it == opt.state().end()) continue;
       auto dev = p.device();
       if (auto* s = dynamic_cast<SGDParamState*>(it->second.get())) {

@@ -15,6 +15,8 @@ c10::IValue optimizer_state_dict(torch::optim::Optimizer& optimizer);
 // REQUIRES: `optimizer` is built over the same parameters as the saved one.
 // Throws std::runtime_error naming `where` and the mismatch.
 void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& state, const std::string& where);
+// The key of `p`'s entry in Optimizer::state(), as libtorch's optimizers write it.
+std::string optimizer_state_key(const at::Tensor& p);
 // Moves every state tensor of `optimizer` next to its parameter.
 void optimizer_state_to_params_device(torch::optim::Optimizer& optimizer);
 
