@@ -188,23 +188,9 @@ std::shared_ptr<fulgur::Dataset> train_dataset(const Settings& s, int64_t* vocab
 }
 
 // Loads a plain dict of tensors saved by Python's torch.save (reference.py
-// saves dict(model.state_dict())). fulgur::load_from_checkpoint cannot read
-// these yet: libtorch 1.13's unpickler turns the OrderedDict of a bare
-// state_dict into None, and a plain dict arrives with key type Any, which
-// TorchCheckpointIO rejects as "not a dict with string keys".
+// saves dict(model.state_dict())) through fulgur's checked reader.
 void load_initial_weights(torch::nn::Module& module, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read initial weights " + path);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const c10::IValue value = torch::pickle_load(bytes);
-  if (!value.isGenericDict()) throw std::runtime_error(path + " does not hold a dict (found " + value.tagKind() + ")");
-  auto state = c10::impl::toTypedDict<std::string, c10::IValue>(
-      c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
-  for (const auto& kv : value.toGenericDict()) {
-    if (!kv.key().isString()) throw std::runtime_error(path + " has a key that is not a string");
-    state.insert(kv.key().toStringRef(), kv.value());
-  }
-  fulgur::load_state_dict(module, state, true, path);
+  fulgur::load_from_checkpoint(module, path, true);
 }
 
 // One fit of `s.model` from its initial weights; the callback writes the result.

@@ -1,6 +1,9 @@
 #include <fulgur/distributed/collectives.h>
 
 #include "distributed/network.h"
+#include "serialize/torch_archive.h"
+
+#include <fulgur/serialization_error.h>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -241,10 +244,10 @@ class GlooCollectives : public Collectives {
     if (opts_.rank == src) std::memcpy(payload.data_ptr(), bytes.data(), bytes.size());
     broadcast_unchecked(payload, src);
     if (opts_.rank == src) return value;
-    std::vector<char> received(static_cast<const char*>(payload.data_ptr()), static_cast<const char*>(payload.data_ptr()) + n);
     try {
-      return torch::pickle_load(received);
-    } catch (const std::exception& e) {
+      return detail::load_torch_archive(static_cast<const uint8_t*>(payload.data_ptr()), static_cast<size_t>(n),
+                                        "the broadcast_object payload of rank " + std::to_string(src));
+    } catch (const SerializationError& e) {
       throw CollectiveError("broadcast_object: the " + std::to_string(n) + " bytes from rank " + std::to_string(src) +
                             " do not decode: " + first_line(e.what()));
     }

@@ -1,6 +1,8 @@
 #include <fulgur/plugins/io/checkpoint_io.h>
 
-#include "plugins/python_pickle.h"
+#include "serialize/torch_archive.h"
+
+#include <fulgur/serialization_error.h>
 
 #include <torch/serialize.h>
 #include <torch/torch.h>
@@ -13,7 +15,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <stdexcept>
 
@@ -101,29 +102,37 @@ void TorchCheckpointIO::save_checkpoint(const Checkpoint& checkpoint, const std:
 }
 
 Checkpoint TorchCheckpointIO::load_checkpoint(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("checkpoint " + path + " does not exist or cannot be read");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    // A state_dict saved by Python's torch.save is an OrderedDict, which
-    // pickle_load cannot build; read it as a plain dict.
-    try {
-      value = detail::load_python_pickle(bytes);
-    } catch (const std::exception&) {
-      std::string msg = e.what();
-      msg = msg.substr(0, msg.find('\n'));
-      throw std::runtime_error("checkpoint " + path + " is truncated or corrupt (" + std::to_string(bytes.size()) +
-                               " bytes): " + msg);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("checkpoint " + path + " does not exist or cannot be read: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw std::runtime_error("checkpoint " + path + " is not a regular file");
+  }
+  // The file's own size bounds every allocation of the reader.
+  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      throw std::runtime_error("checkpoint " + path + ": read failed after " + std::to_string(done) + " bytes");
     }
+    done += static_cast<size_t>(n);
   }
-  if (!value.isGenericDict() || !value.toGenericDict().keyType()->isSubtypeOf(*c10::StringType::get())) {
-    throw std::runtime_error("checkpoint " + path + " does not hold a dict with string keys (found " +
-                             value.tagKind() + ")");
+  ::close(fd);
+  const c10::IValue value = detail::load_torch_archive(bytes.data(), bytes.size(), "checkpoint " + path);
+  if (!value.isGenericDict() || value.toGenericDict().keyType()->kind() != c10::TypeKind::StringType) {
+    throw SerializationError("checkpoint " + path + " does not hold a dict with string keys (found " +
+                             value.type()->repr_str() + ")");
   }
-  return c10::impl::toTypedDict<std::string, c10::IValue>(value.toGenericDict());
+  const auto dict = value.toGenericDict();
+  if (dict.valueType()->kind() == c10::TypeKind::AnyType) return c10::impl::toTypedDict<std::string, c10::IValue>(dict);
+  // A dict typed more narrowly (Dict[str, Tensor]): the same entries as Dict[str, Any].
+  Checkpoint out = make_dict();
+  for (const auto& kv : dict) out.insert(kv.key().toStringRef(), kv.value());
+  return out;
 }
 
 void TorchCheckpointIO::remove_checkpoint(const std::string& path) {

@@ -1,78 +1,218 @@
 #include "trainer/optim_state.h"
 
 #include <fulgur/lightning_module.h>
+#include <fulgur/serialization_error.h>
 
-#include <torch/serialize.h>
 #include <torch/torch.h>
 
-#include <sstream>
+#include <cmath>
+#include <functional>
 #include <stdexcept>
+#include <typeinfo>
 
 namespace fulgur::detail {
 namespace {
 
 using fulgur::make_dict;
+using Dict = c10::Dict<std::string, c10::IValue>;
+using torch::optim::OptimizerParamState;
 
-using torch::optim::Adam;
-using torch::optim::AdamOptions;
-using torch::optim::AdamParamState;
-using torch::optim::AdamW;
-using torch::optim::AdamWOptions;
-using torch::optim::AdamWParamState;
-using torch::optim::SGD;
-using torch::optim::SGDOptions;
-using torch::optim::SGDParamState;
+// What a checkpoint holds for one parameter's state, as Python names it.
+struct StateReader {
+  const Dict& d;
+  const at::Tensor& param;
+  const std::string& where;  // "checkpoint X, optimizer 0, parameter 3"
 
-c10::Dict<std::string, c10::IValue> group_options(torch::optim::Optimizer& opt, const torch::optim::OptimizerParamGroup& g) {
-  auto d = make_dict();
-  const auto& o = g.options();
-  if (dynamic_cast<SGD*>(&opt)) {
-    const auto& s = static_cast<const SGDOptions&>(o);
-    d.insert("lr", s.lr());
-    d.insert("momentum", s.momentum());
-    d.insert("dampening", s.dampening());
-    d.insert("weight_decay", s.weight_decay());
-    d.insert("nesterov", s.nesterov());
-  } else if (dynamic_cast<AdamW*>(&opt)) {
-    const auto& s = static_cast<const AdamWOptions&>(o);
-    d.insert("lr", s.lr());
-    d.insert("betas", c10::ivalue::Tuple::create({std::get<0>(s.betas()), std::get<1>(s.betas())}));
-    d.insert("eps", s.eps());
-    d.insert("weight_decay", s.weight_decay());
-    d.insert("amsgrad", s.amsgrad());
-  } else if (dynamic_cast<Adam*>(&opt)) {
-    const auto& s = static_cast<const AdamOptions&>(o);
-    d.insert("lr", s.lr());
-    d.insert("betas", c10::ivalue::Tuple::create({std::get<0>(s.betas()), std::get<1>(s.betas())}));
-    d.insert("eps", s.eps());
-    d.insert("weight_decay", s.weight_decay());
-    d.insert("amsgrad", s.amsgrad());
-  } else {
-    d.insert("lr", o.get_lr());
+  c10::IValue at(const char* key) const {
+    if (!d.contains(key)) {
+      std::string have;
+      for (const auto& kv : d) have += (have.empty() ? "" : ", ") + kv.key();
+      throw SerializationError(where + ": the state has no '" + key + "' (it has: " + (have.empty() ? "nothing" : have) +
+                               "); was it saved by another kind of optimizer?");
+    }
+    return d.at(key);
   }
+  bool has(const char* key) const { return d.contains(key) && !d.at(key).isNone(); }
+  at::Tensor tensor(const char* key) const {
+    const c10::IValue v = at(key);
+    if (!v.isTensor()) throw SerializationError(where + ": '" + key + "' holds a " + v.tagKind() + ", not a tensor");
+    const at::Tensor t = v.toTensor();
+    if (t.sizes() != param.sizes()) {
+      throw SerializationError(where + ": '" + key + "' has shape " + c10::str(t.sizes()) + ", the parameter " +
+                               c10::str(param.sizes()));
+    }
+    return t.to(param.device(), param.scalar_type()).clone();
+  }
+  // A step count: Python stores a 0-d tensor, older files a number.
+  int64_t step() const {
+    const c10::IValue v = at("step");
+    double s = 0;
+    if (v.isTensor() && v.toTensor().numel() == 1) {
+      s = v.toTensor().item<double>();
+    } else if (v.isDouble() || v.isInt()) {
+      s = v.toScalar().toDouble();
+    } else {
+      throw SerializationError(where + ": 'step' holds a " + v.tagKind() + ", not a number");
+    }
+    if (!std::isfinite(s) || s < 0 || s > 9007199254740992.0 || s != std::floor(s)) {
+      throw SerializationError(where + ": 'step' is " + std::to_string(s) + ", not a whole number in [0, 2^53]");
+    }
+    return static_cast<int64_t>(s);
+  }
+};
+
+at::Tensor cpu(const at::Tensor& t) { return t.to(torch::kCPU); }
+c10::IValue step_tensor(int64_t step) { return torch::tensor(static_cast<double>(step), torch::kFloat32); }
+
+// One entry per optimizer type fulgur saves: how its hyper-parameters and its
+// per-parameter state map to Python's names.
+struct Adapter {
+  const char* name;
+  std::function<bool(torch::optim::Optimizer&)> matches;
+  std::function<void(const torch::optim::OptimizerOptions&, Dict&)> options;
+  std::function<Dict(OptimizerParamState&)> save;
+  std::function<std::unique_ptr<OptimizerParamState>(const StateReader&)> load;
+};
+
+template <typename Opt>
+bool is(torch::optim::Optimizer& o) {
+  return dynamic_cast<Opt*>(&o) != nullptr;
+}
+
+template <typename State>
+Dict save_adam(OptimizerParamState& base) {
+  auto& st = static_cast<State&>(base);
+  Dict d = make_dict();
+  d.insert("step", step_tensor(st.step()));
+  d.insert("exp_avg", cpu(st.exp_avg()));
+  d.insert("exp_avg_sq", cpu(st.exp_avg_sq()));
+  if (st.max_exp_avg_sq().defined()) d.insert("max_exp_avg_sq", cpu(st.max_exp_avg_sq()));
   return d;
 }
 
 template <typename State>
-void set_adam_state(State& st, const c10::Dict<std::string, c10::IValue>& d) {
-  st.step(static_cast<int64_t>(d.at("step").isTensor() ? d.at("step").toTensor().item<double>() : d.at("step").toDouble()));
-  st.exp_avg(d.at("exp_avg").toTensor().clone());
-  st.exp_avg_sq(d.at("exp_avg_sq").toTensor().clone());
-  if (d.contains("max_exp_avg_sq")) st.max_exp_avg_sq(d.at("max_exp_avg_sq").toTensor().clone());
+std::unique_ptr<OptimizerParamState> load_adam(const StateReader& r) {
+  auto st = std::make_unique<State>();
+  st->step(r.step());
+  st->exp_avg(r.tensor("exp_avg"));
+  st->exp_avg_sq(r.tensor("exp_avg_sq"));
+  if (r.has("max_exp_avg_sq")) st->max_exp_avg_sq(r.tensor("max_exp_avg_sq"));
+  return st;
 }
 
-template <typename State>
-c10::Dict<std::string, c10::IValue> adam_state(const State& st) {
-  auto d = make_dict();
-  d.insert("step", torch::tensor(static_cast<double>(st.step()), torch::kFloat32));
-  d.insert("exp_avg", st.exp_avg().to(torch::kCPU));
-  d.insert("exp_avg_sq", st.exp_avg_sq().to(torch::kCPU));
-  if (st.max_exp_avg_sq().defined()) d.insert("max_exp_avg_sq", st.max_exp_avg_sq().to(torch::kCPU));
-  return d;
+template <typename Options>
+void adam_options(const torch::optim::OptimizerOptions& o, Dict& d) {
+  const auto& s = static_cast<const Options&>(o);
+  d.insert("lr", s.lr());
+  d.insert("betas", c10::ivalue::Tuple::create({std::get<0>(s.betas()), std::get<1>(s.betas())}));
+  d.insert("eps", s.eps());
+  d.insert("weight_decay", s.weight_decay());
+  d.insert("amsgrad", s.amsgrad());
 }
 
-bool known(torch::optim::Optimizer& opt) {
-  return dynamic_cast<SGD*>(&opt) || dynamic_cast<Adam*>(&opt) || dynamic_cast<AdamW*>(&opt);
+const std::vector<Adapter>& adapters() {
+  using namespace torch::optim;
+  static const std::vector<Adapter> table = {
+      {"SGD", is<SGD>,
+       [](const OptimizerOptions& o, Dict& d) {
+         const auto& s = static_cast<const SGDOptions&>(o);
+         d.insert("lr", s.lr());
+         d.insert("momentum", s.momentum());
+         d.insert("dampening", s.dampening());
+         d.insert("weight_decay", s.weight_decay());
+         d.insert("nesterov", s.nesterov());
+       },
+       [](OptimizerParamState& base) {
+         auto& st = static_cast<SGDParamState&>(base);
+         Dict d = make_dict();
+         if (st.momentum_buffer().defined()) d.insert("momentum_buffer", cpu(st.momentum_buffer()));
+         return d;
+       },
+       [](const StateReader& r) -> std::unique_ptr<OptimizerParamState> {
+         auto st = std::make_unique<SGDParamState>();
+         if (r.has("momentum_buffer")) st->momentum_buffer(r.tensor("momentum_buffer"));
+         return st;
+       }},
+      {"AdamW", is<AdamW>, adam_options<AdamWOptions>, save_adam<AdamWParamState>, load_adam<AdamWParamState>},
+      {"Adam", is<Adam>, adam_options<AdamOptions>, save_adam<AdamParamState>, load_adam<AdamParamState>},
+      {"RMSprop", is<RMSprop>,
+       [](const OptimizerOptions& o, Dict& d) {
+         const auto& s = static_cast<const RMSpropOptions&>(o);
+         d.insert("lr", s.lr());
+         d.insert("alpha", s.alpha());
+         d.insert("eps", s.eps());
+         d.insert("weight_decay", s.weight_decay());
+         d.insert("momentum", s.momentum());
+         d.insert("centered", s.centered());
+       },
+       [](OptimizerParamState& base) {
+         auto& st = static_cast<RMSpropParamState&>(base);
+         Dict d = make_dict();
+         d.insert("step", step_tensor(st.step()));
+         d.insert("square_avg", cpu(st.square_avg()));
+         if (st.momentum_buffer().defined()) d.insert("momentum_buffer", cpu(st.momentum_buffer()));
+         if (st.grad_avg().defined()) d.insert("grad_avg", cpu(st.grad_avg()));
+         return d;
+       },
+       [](const StateReader& r) -> std::unique_ptr<OptimizerParamState> {
+         auto st = std::make_unique<RMSpropParamState>();
+         st->step(r.step());
+         st->square_avg(r.tensor("square_avg"));
+         if (r.has("momentum_buffer")) st->momentum_buffer(r.tensor("momentum_buffer"));
+         if (r.has("grad_avg")) st->grad_avg(r.tensor("grad_avg"));
+         return st;
+       }},
+      {"Adagrad", is<Adagrad>,
+       [](const OptimizerOptions& o, Dict& d) {
+         const auto& s = static_cast<const AdagradOptions&>(o);
+         d.insert("lr", s.lr());
+         d.insert("lr_decay", s.lr_decay());
+         d.insert("weight_decay", s.weight_decay());
+         d.insert("initial_accumulator_value", s.initial_accumulator_value());
+         d.insert("eps", s.eps());
+       },
+       [](OptimizerParamState& base) {
+         auto& st = static_cast<AdagradParamState&>(base);
+         Dict d = make_dict();
+         d.insert("step", step_tensor(st.step()));
+         d.insert("sum", cpu(st.sum()));
+         return d;
+       },
+       [](const StateReader& r) -> std::unique_ptr<OptimizerParamState> {
+         auto st = std::make_unique<AdagradParamState>();
+         st->step(r.step());
+         st->sum(r.tensor("sum"));
+         return st;
+       }},
+  };
+  return table;
+}
+
+const Adapter* adapter_for(torch::optim::Optimizer& opt) {
+  for (const Adapter& a : adapters()) {
+    if (a.matches(opt)) return &a;
+  }
+  return nullptr;
+}
+
+std::string supported() {
+  std::string s;
+  for (const Adapter& a : adapters()) s += (s.empty() ? "" : ", ") + std::string(a.name);
+  return s;
+}
+
+c10::IValue get(const Dict& d, const char* key, const std::string& where) {
+  if (!d.contains(key)) throw SerializationError(where + ": no '" + key + "' key");
+  return d.at(key);
+}
+
+Dict as_str_dict(const c10::IValue& v, const std::string& where) {
+  if (!v.isGenericDict() || v.toGenericDict().keyType()->kind() != c10::TypeKind::StringType) {
+    throw SerializationError(where + " is a " + v.type()->repr_str() + ", not a dict with string keys");
+  }
+  Dict out = make_dict();
+  for (const auto& kv : v.toGenericDict()) out.insert(kv.key().toStringRef(), kv.value());
+  return out;
 }
 
 }  // namespace
@@ -80,37 +220,23 @@ bool known(torch::optim::Optimizer& opt) {
 std::string optimizer_state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 
 c10::IValue optimizer_state_dict(torch::optim::Optimizer& opt) {
-  auto out = make_dict();
-  if (!known(opt)) {
-    std::ostringstream os;
-    torch::serialize::OutputArchive archive;
-    opt.save(archive);
-    archive.save_to(os);
-    const std::string bytes = os.str();
-    auto t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
-    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-    out.insert("fulgur_archive", t);
-    return out;
+  const Adapter* a = adapter_for(opt);
+  if (!a) {
+    throw std::invalid_argument(std::string("cannot checkpoint an optimizer of type ") + typeid(opt).name() +
+                                ": fulgur saves the state of " + supported() +
+                                " (as plain tensors and numbers, the layout of Python's state_dict)");
   }
-  auto state = c10::impl::toTypedDict<int64_t, c10::IValue>(c10::impl::GenericDict(c10::IntType::get(), c10::AnyType::get()));
+  Dict out = make_dict();
+  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
   c10::impl::GenericList groups(c10::AnyType::get());
   int64_t index = 0;
   for (auto& g : opt.param_groups()) {
-    auto d = group_options(opt, g);
+    Dict d = make_dict();
+    a->options(g.options(), d);
     c10::List<int64_t> ids;
     for (auto& p : g.params()) {
-      auto it = opt.state().find(optimizer_state_key(p));
-      if (it != opt.state().end()) {
-        if (auto* s = dynamic_cast<SGDParamState*>(it->second.get())) {
-          auto sd = make_dict();
-          if (s->momentum_buffer().defined()) sd.insert("momentum_buffer", s->momentum_buffer().to(torch::kCPU));
-          state.insert(index, sd);
-        } else if (auto* a = dynamic_cast<AdamWParamState*>(it->second.get())) {
-          state.insert(index, adam_state(*a));
-        } else if (auto* b = dynamic_cast<AdamParamState*>(it->second.get())) {
-          state.insert(index, adam_state(*b));
-        }
-      }
+      const auto it = opt.state().find(optimizer_state_key(p));
+      if (it != opt.state().end()) state.insert(index, a->save(*it->second));
       ids.push_back(index++);
     }
     d.insert("params", ids);
@@ -122,65 +248,59 @@ c10::IValue optimizer_state_dict(torch::optim::Optimizer& opt) {
 }
 
 void load_optimizer_state_dict(torch::optim::Optimizer& opt, const c10::IValue& value, const std::string& where) {
-  if (!value.isGenericDict()) throw std::runtime_error(where + ": optimizer state is not a dict");
-  auto d = c10::impl::toTypedDict<std::string, c10::IValue>(value.toGenericDict());
+  const Dict d = as_str_dict(value, where + ": the optimizer state");
   if (d.contains("fulgur_archive")) {
-    auto t = d.at("fulgur_archive").toTensor().contiguous();
-    std::istringstream is(std::string(static_cast<const char*>(t.data_ptr()), t.numel()));
-    torch::serialize::InputArchive archive;
-    archive.load_from(is);
-    opt.load(archive);
-    return;
+    throw SerializationError(where + ": the optimizer state is a serialized libtorch archive, which older fulgur "
+                             "versions wrote; it is not loaded, because loading one compiles and runs TorchScript");
   }
-  if (!known(opt)) throw std::runtime_error(where + ": saved state is for SGD/Adam/AdamW, this optimizer is another kind");
-  auto groups = d.at("param_groups").toList();
-  auto state = d.at("state").toGenericDict();
+  const Adapter* a = adapter_for(opt);
+  if (!a) {
+    throw std::invalid_argument(where + ": cannot restore an optimizer of type " + typeid(opt).name() +
+                                "; fulgur restores " + supported());
+  }
+  const c10::IValue groups_v = get(d, "param_groups", where);
+  const c10::IValue state_v = get(d, "state", where);
+  if (!groups_v.isList()) throw SerializationError(where + ": 'param_groups' is a " + groups_v.tagKind() + ", not a list");
+  if (!state_v.isGenericDict() || (state_v.toGenericDict().size() > 0 &&
+                                   state_v.toGenericDict().keyType()->kind() != c10::TypeKind::IntType)) {
+    throw SerializationError(where + ": 'state' is a " + state_v.type()->repr_str() + ", not a dict with int keys");
+  }
+  const auto groups = groups_v.toList();
+  const auto state = state_v.toGenericDict();
   if (groups.size() != opt.param_groups().size()) {
-    throw std::runtime_error(where + ": checkpoint has " + std::to_string(groups.size()) +
+    throw SerializationError(where + ": the checkpoint has " + std::to_string(groups.size()) +
                              " parameter groups, the optimizer has " + std::to_string(opt.param_groups().size()));
   }
+  // Read everything first, so that a bad entry leaves the optimizer untouched.
+  std::vector<std::pair<std::string, std::unique_ptr<OptimizerParamState>>> loaded;
+  std::vector<double> lrs;
   int64_t index = 0;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
-    auto gd = c10::impl::toTypedDict<std::string, c10::IValue>(groups.get(gi).toGenericDict());
+    const std::string gwhere = where + ", parameter group " + std::to_string(gi);
+    const Dict gd = as_str_dict(groups.get(gi), gwhere);
     auto& g = opt.param_groups()[gi];
-    const auto ids = gd.at("params").toIntList();
+    const c10::IValue ids_v = get(gd, "params", gwhere);
+    const c10::IValue lr = get(gd, "lr", gwhere);
+    if (!ids_v.isList()) throw SerializationError(gwhere + ": 'params' is a " + ids_v.tagKind() + ", not a list");
+    if (!lr.isDouble() && !lr.isInt()) throw SerializationError(gwhere + ": 'lr' is a " + lr.tagKind() + ", not a number");
+    lrs.push_back(lr.toScalar().toDouble());
+    const auto ids = ids_v.toList();
     if (ids.size() != g.params().size()) {
-      throw std::runtime_error(where + ": parameter group " + std::to_string(gi) + " has " + std::to_string(ids.size()) +
-                               " parameters in the checkpoint, " + std::to_string(g.params().size()) + " in the optimizer");
+      throw SerializationError(gwhere + " has " + std::to_string(ids.size()) + " parameters in the checkpoint, " +
+                               std::to_string(g.params().size()) + " in the optimizer");
     }
-    g.options().set_lr(gd.at("lr").toDouble());
     for (size_t k = 0; k < ids.size(); ++k, ++index) {
-      auto& p = g.params()[k];
-      const c10::IValue id(ids.get(k));
+      const c10::IValue id = ids.get(k);
+      if (!id.isInt()) throw SerializationError(gwhere + ": parameter id " + std::to_string(k) + " is not an int");
       if (!state.contains(id)) continue;
-      auto sd = c10::impl::toTypedDict<std::string, c10::IValue>(state.at(id).toGenericDict());
-      auto check = [&](const char* name) {
-        const auto t = sd.at(name).toTensor();
-        if (t.sizes() != p.sizes()) {
-          throw std::runtime_error(where + ": optimizer state '" + name + "' of parameter " + std::to_string(index) +
-                                   " has shape " + c10::str(t.sizes()) + ", the parameter " + c10::str(p.sizes()));
-        }
-        return t.to(p.device()).clone();
-      };
-      if (dynamic_cast<SGD*>(&opt)) {
-        auto st = std::make_unique<SGDParamState>();
-        if (sd.contains("momentum_buffer")) st->momentum_buffer(check("momentum_buffer"));
-        opt.state()[optimizer_state_key(p)] = std::move(st);
-      } else if (dynamic_cast<AdamW*>(&opt)) {
-        auto st = std::make_unique<AdamWParamState>();
-        set_adam_state(*st, sd);
-        st->exp_avg(check("exp_avg"));
-        st->exp_avg_sq(check("exp_avg_sq"));
-        opt.state()[optimizer_state_key(p)] = std::move(st);
-      } else {
-        auto st = std::make_unique<AdamParamState>();
-        set_adam_state(*st, sd);
-        st->exp_avg(check("exp_avg"));
-        st->exp_avg_sq(check("exp_avg_sq"));
-        opt.state()[optimizer_state_key(p)] = std::move(st);
-      }
+      const std::string pwhere = where + ", parameter " + std::to_string(index);
+      const Dict sd = as_str_dict(state.at(id), pwhere + ": the state");
+      const at::Tensor& p = g.params()[k];
+      loaded.emplace_back(optimizer_state_key(p), a->load(StateReader{sd, p, pwhere}));
     }
   }
+  for (size_t gi = 0; gi < groups.size(); ++gi) opt.param_groups()[gi].options().set_lr(lrs[gi]);
+  for (auto& [key, st] : loaded) opt.state()[key] = std::move(st);
 }
 
 void optimizer_state_to_params_device(torch::optim::Optimizer& opt) {
@@ -189,16 +309,24 @@ void optimizer_state_to_params_device(torch::optim::Optimizer& opt) {
       auto it = opt.state().find(optimizer_state_key(p));
       if (it == opt.state().end()) continue;
       auto dev = p.device();
-      if (auto* s = dynamic_cast<SGDParamState*>(it->second.get())) {
-        if (s->momentum_buffer().defined()) s->momentum_buffer(s->momentum_buffer().to(dev));
-      } else if (auto* a = dynamic_cast<AdamWParamState*>(it->second.get())) {
-        a->exp_avg(a->exp_avg().to(dev));
-        a->exp_avg_sq(a->exp_avg_sq().to(dev));
-        if (a->max_exp_avg_sq().defined()) a->max_exp_avg_sq(a->max_exp_avg_sq().to(dev));
-      } else if (auto* b = dynamic_cast<AdamParamState*>(it->second.get())) {
-        b->exp_avg(b->exp_avg().to(dev));
-        b->exp_avg_sq(b->exp_avg_sq().to(dev));
-        if (b->max_exp_avg_sq().defined()) b->max_exp_avg_sq(b->max_exp_avg_sq().to(dev));
+      auto move = [&](const at::Tensor& t) { return t.defined() ? t.to(dev) : t; };
+      OptimizerParamState* st = it->second.get();
+      if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(st)) {
+        s->momentum_buffer(move(s->momentum_buffer()));
+      } else if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(st)) {
+        a->exp_avg(move(a->exp_avg()));
+        a->exp_avg_sq(move(a->exp_avg_sq()));
+        a->max_exp_avg_sq(move(a->max_exp_avg_sq()));
+      } else if (auto* b = dynamic_cast<torch::optim::AdamParamState*>(st)) {
+        b->exp_avg(move(b->exp_avg()));
+        b->exp_avg_sq(move(b->exp_avg_sq()));
+        b->max_exp_avg_sq(move(b->max_exp_avg_sq()));
+      } else if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(st)) {
+        r->square_avg(move(r->square_avg()));
+        r->momentum_buffer(move(r->momentum_buffer()));
+        r->grad_avg(move(r->grad_avg()));
+      } else if (auto* d = dynamic_cast<torch::optim::AdagradParamState*>(st)) {
+        d->sum(move(d->sum()));
       }
     }
   }
