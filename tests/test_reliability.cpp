@@ -10,18 +10,25 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -454,4 +461,91 @@ TEST(Resume, TwoWorkersInterruptedAndResumedEndWithTheSameWeights) {
   EXPECT_FALSE(torch::equal(first->fc->weight, full->fc->weight));  // the first part alone differs
   EXPECT_TRUE(torch::allclose(second->fc->weight, full->fc->weight, 0, 1e-7)) << second->fc->weight << full->fc->weight;
   EXPECT_TRUE(torch::allclose(second->fc->bias, full->fc->bias, 0, 1e-7));
+}
+
+namespace {
+
+// Adds `path` with `score` to the kept top-k paths of the ModelCheckpoint
+// state `key` in the checkpoint file `ckpt`, and writes the file back.
+void add_kept_path(const std::string& ckpt, const std::string& key, const std::string& path, double score) {
+  Checkpoint c = TorchCheckpointIO().load_checkpoint(ckpt);
+  auto state = c.at("callbacks").toGenericDict().at(key).toGenericDict();
+  state.at("best_k_models").toGenericDict().insert_or_assign(c10::IValue(path), c10::IValue(score));
+  TorchCheckpointIO().save_checkpoint(c, ckpt);
+}
+
+// The .ckpt files directly in `dir`, by name.
+std::set<std::string> ckpt_names(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".ckpt") out.insert(e.path().filename().string());
+  return out;
+}
+
+}  // namespace
+
+// Issue 16, item 2: a checkpoint's callback state names files outside the
+// callback's folder as its oldest top-k checkpoints (an absolute path, a ".."
+// escape, and a path through a symlink to another folder). Resumed by two
+// worker processes whose rotation would remove the oldest first, the run drops
+// them with a warning and the files survive.
+TEST(Security, ResumedCheckpointCannotDeleteFilesOutsideItsFolder) {
+  TempDir dir;
+  const std::string ck = dir.path + "/ck", outside = dir.path + "/precious";
+  fs::create_directories(outside);
+  const std::vector<std::string> victims = {outside + "/a.ckpt", outside + "/b.ckpt", outside + "/c.ckpt"};
+  for (const auto& v : victims) std::ofstream(v) << "not yours";
+  auto callback = [&] {
+    return std::make_shared<ModelCheckpoint>(
+        ModelCheckpointOptions().dirpath(ck).every_n_train_steps(1).save_top_k(2).save_last(true));
+  };
+  auto fit = [&](int64_t max_steps, const std::string& ckpt_path) {
+    fulgur::testing::TinyRegression m;
+    Trainer t(TrainerOptions().accelerator("cpu").strategy("ddp").devices(2).max_steps(max_steps)
+                  .default_root_dir(dir.path).enable_progress_bar(false).num_sanity_val_steps(0).logger(false)
+                  .callbacks({callback()}));
+    t.fit(m, std::make_shared<DataLoader>(fulgur::testing::regression_data(64), DataLoaderOptions(4)), nullptr, ckpt_path);
+  };
+  fit(2, "");
+  const std::string key = callback()->state_key();
+  add_kept_path(ck + "/last.ckpt", key, victims[0], -3);
+  add_kept_path(ck + "/last.ckpt", key, ck + "/../precious/b.ckpt", -2);
+  fs::create_directory_symlink(outside, ck + "/link");
+  add_kept_path(ck + "/last.ckpt", key, ck + "/link/c.ckpt", -1);
+
+  ::testing::internal::CaptureStderr();
+  fit(6, ck + "/last.ckpt");
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  for (const auto& v : victims) EXPECT_TRUE(fs::exists(v)) << v << " was deleted by the resumed run";
+  for (const auto& named : {victims[0], ck + "/../precious/b.ckpt", ck + "/link/c.ckpt"}) {
+    EXPECT_THAT(err, HasSubstr("the top-k checkpoint '" + named + "', which is not inside this callback's folder"));
+  }
+  EXPECT_EQ(ckpt_names(ck), (std::set<std::string>{"epoch=0-step=5.ckpt", "epoch=0-step=6.ckpt", "last.ckpt"}));
+}
+
+// Issue 16, item 9: top-k files that a killed run wrote but never recorded
+// (the kill came between the save and last.ckpt) are removed on resume, so at
+// most save_top_k remain; files of other names in the folder stay.
+TEST(Faults, ResumeRemovesTopKFilesTheRestoredStateDoesNotKeep) {
+  TempDir dir;
+  const std::string ck = dir.path + "/ck";
+  auto fit = [&](int64_t max_steps, const std::string& ckpt_path) {
+    fulgur::testing::TinyRegression m;
+    Trainer t(TrainerOptions().accelerator("cpu").devices(1).max_steps(max_steps).default_root_dir(dir.path)
+                  .enable_progress_bar(false).num_sanity_val_steps(0).logger(false)
+                  .callbacks({std::make_shared<ModelCheckpoint>(
+                      ModelCheckpointOptions().dirpath(ck).every_n_train_steps(1).save_top_k(2).save_last(true))}));
+    t.fit(m, std::make_shared<DataLoader>(fulgur::testing::regression_data(64), DataLoaderOptions(4)), nullptr, ckpt_path);
+  };
+  fit(3, "");
+  ASSERT_EQ(ckpt_names(ck), (std::set<std::string>{"epoch=0-step=2.ckpt", "epoch=0-step=3.ckpt", "last.ckpt"}));
+  // What earlier killed rounds left: unrecorded top-k files, and files the callback never names.
+  for (const std::string name : {"epoch=0-step=7.ckpt", "epoch=0-step=9.ckpt", "epoch=0-step=9-v1.ckpt"}) {
+    fs::copy_file(ck + "/epoch=0-step=3.ckpt", ck + "/" + name);
+  }
+  for (const std::string name : {"notes.ckpt", "epoch=0-step=x.ckpt", "epoch=0-step=8.ckpt.bak"}) std::ofstream(ck + "/" + name) << "mine";
+  fit(4, ck + "/last.ckpt");
+  EXPECT_EQ(ckpt_names(ck), (std::set<std::string>{"epoch=0-step=3.ckpt", "epoch=0-step=4.ckpt", "last.ckpt", "notes.ckpt",
+                                                    "epoch=0-step=x.ckpt"}));
+  EXPECT_TRUE(fs::exists(ck + "/epoch=0-step=8.ckpt.bak"));
 }
