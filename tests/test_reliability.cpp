@@ -549,3 +549,124 @@ TEST(Faults, ResumeRemovesTopKFilesTheRestoredStateDoesNotKeep) {
                                                     "epoch=0-step=x.ckpt"}));
   EXPECT_TRUE(fs::exists(ck + "/epoch=0-step=8.ckpt.bak"));
 }
+
+namespace {
+
+// Adam and a StepLR that halves the rate every 2 optimizer steps.
+struct Scheduled : fulgur::testing::TinyRegression {
+  OptimizerConfig configure_optimizers() override {
+    adam = std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(0.08));
+    SchedulerConfig s;
+    s.scheduler = std::make_shared<torch::optim::StepLR>(*adam, 2, 0.5);
+    s.interval = "step";
+    return OptimizerConfig({adam}, {s});
+  }
+  double lr() const { return adam->param_groups().at(0).options().get_lr(); }
+  std::shared_ptr<torch::optim::Adam> adam;
+};
+
+TrainerOptions scheduled_run(const std::string& root, int64_t max_steps) {
+  return TrainerOptions().accelerator("cpu").devices(1).max_steps(max_steps).default_root_dir(root)
+      .enable_progress_bar(false).num_sanity_val_steps(0).logger(false).enable_checkpointing(false);
+}
+
+std::shared_ptr<DataLoader> sixty_four() {
+  return std::make_shared<DataLoader>(fulgur::testing::regression_data(64), DataLoaderOptions(4));
+}
+
+// Resumes a Scheduled fit (max_steps 20) from `ckpt` in a forked process;
+// returns what it threw ("" if it finished), or "still running after
+// <seconds> s" (the process is then killed).
+std::string resume_in_child(const std::string& ckpt, const std::string& root, double seconds) {
+  const std::string report = root + "/child.txt";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::string error;
+    try {
+      Scheduled m;
+      Trainer(scheduled_run(root, 20)).fit(m, sixty_four(), nullptr, ckpt);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    std::ofstream(report) << error;
+    ::_exit(0);
+  }
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  int status = 0;
+  while (Clock::now() < end) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) return read_file(report);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return "still running after " + std::to_string(seconds) + " s";
+}
+
+void set_scheduler_count(const std::string& ckpt, int64_t last_epoch, std::optional<int64_t> global_step = std::nullopt) {
+  Checkpoint c = TorchCheckpointIO().load_checkpoint(ckpt);
+  auto s = c.at("lr_schedulers").toList().get(0).toGenericDict();
+  s.insert_or_assign(c10::IValue("last_epoch"), c10::IValue(last_epoch));
+  s.insert_or_assign(c10::IValue("_step_count"), c10::IValue(last_epoch + 1));
+  if (global_step) {
+    auto loop = c.at("loops").toGenericDict().at("fit_loop").toGenericDict();
+    loop.insert_or_assign(c10::IValue("global_step"), c10::IValue(*global_step));
+    c.insert_or_assign("global_step", *global_step);
+  }
+  TorchCheckpointIO().save_checkpoint(c, ckpt);
+}
+
+}  // namespace
+
+// Issue 16, item 6: a scheduler count of 10^12 in a checkpoint was replayed
+// one step at a time (minutes of spinning). It is refused at once, naming
+// the file, the key, the value and the bound.
+TEST(Resume, HugeSchedulerCountIsRefusedAtOnce) {
+  TempDir dir;
+  Scheduled m;
+  Trainer t(scheduled_run(dir.path, 3));
+  t.fit(m, sixty_four());
+  const std::string ckpt = dir.path + "/huge.ckpt";
+  t.save_checkpoint(ckpt);
+  set_scheduler_count(ckpt, 1'000'000'000'000);
+  const auto start = Clock::now();
+  std::string error = resume_in_child(ckpt, dir.path, 20);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
+  EXPECT_THAT(error, HasSubstr("checkpoint " + ckpt + ": 'lr_schedulers[0].last_epoch' is 1000000000000, outside [0, 3]"));
+  EXPECT_THAT(error, HasSubstr("global_step is 3"));
+
+  // The loop position claims as much: the bound is then libtorch's counter width.
+  set_scheduler_count(ckpt, 1'000'000'000'000, 1'000'000'000'000);
+  error = resume_in_child(ckpt, dir.path, 20);
+  EXPECT_THAT(error, HasSubstr("'lr_schedulers[0].last_epoch' is 1000000000000, outside [0, 4294967295]"));
+
+  // A negative count or batch position is refused too.
+  set_scheduler_count(ckpt, -1, 3);
+  EXPECT_THAT(resume_in_child(ckpt, dir.path, 20), HasSubstr("'lr_schedulers[0].last_epoch' is -1, outside [0, 3]"));
+  set_scheduler_count(ckpt, 3);
+  {
+    Checkpoint c = TorchCheckpointIO().load_checkpoint(ckpt);
+    c.at("loops").toGenericDict().at("fit_loop").toGenericDict().insert_or_assign(c10::IValue("batches_done"), c10::IValue(-1));
+    TorchCheckpointIO().save_checkpoint(c, ckpt);
+  }
+  EXPECT_THAT(resume_in_child(ckpt, dir.path, 20), HasSubstr("'loops.fit_loop.batches_done' is -1, outside [0, 16]"));
+}
+
+// The scheduler's count is restored directly: after 5 steps, a resume, and 3
+// or 4 more, the rate is what an uninterrupted run has, 0.08 * 0.5^((n-1)/2)
+// after n steps (libtorch's StepLR halves at its 3rd, 5th, ... step() call).
+TEST(Resume, SchedulerCountIsRestoredWithoutReplay) {
+  TempDir dir;
+  Scheduled a;
+  Trainer t(scheduled_run(dir.path, 5));
+  t.fit(a, sixty_four());
+  EXPECT_DOUBLE_EQ(a.lr(), 0.08 * 0.25);
+  t.save_checkpoint(dir.path + "/five.ckpt");
+  for (int64_t steps : {8, 9}) {
+    Scheduled b;
+    Trainer(scheduled_run(dir.path, steps)).fit(b, sixty_four(), nullptr, dir.path + "/five.ckpt");
+    Scheduled c;
+    Trainer(scheduled_run(dir.path, steps)).fit(c, sixty_four());
+    EXPECT_DOUBLE_EQ(b.lr(), 0.08 * std::pow(0.5, (steps - 1) / 2)) << steps << " steps";
+    EXPECT_DOUBLE_EQ(b.lr(), c.lr()) << steps << " steps";
+  }
+}
