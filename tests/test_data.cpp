@@ -152,6 +152,79 @@ TEST(Mnist, MissingFolderSaysHowToGetTheData) {
   }
 }
 
+namespace {
+
+// Writes `bytes` as <dir>/train-images-idx3-ubyte (and copies the real
+// labels beside it); returns what load_mnist threw.
+std::string train_images_error(const std::string& dir, const std::string& bytes) {
+  std::ofstream(dir + "/train-images-idx3-ubyte", std::ios::binary) << bytes;
+  std::filesystem::copy_file(fulgur::testing::mnist_dir() + "/train-labels-idx1-ubyte", dir + "/train-labels-idx1-ubyte",
+                             std::filesystem::copy_options::overwrite_existing);
+  try {
+    load_mnist(dir, Split::kTrain);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string be32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+
+}  // namespace
+
+// Issue 16, item 4: a 16-byte header claiming 10^7 images of 28 x 28 (7.8 GB)
+// is refused from the file size, before any allocation.
+TEST(Mnist, HeaderClaimingGigabytesIsRefusedFromTheFileSize) {
+  TempDir dir;
+  const std::string error = train_images_error(dir.path, be32(2051) + be32(10'000'000) + be32(28) + be32(28));
+  EXPECT_NE(error.find(dir.path + "/train-images-idx3-ubyte is truncated"), std::string::npos) << error;
+  EXPECT_NE(error.find("10000000 x 28 x 28 = 7840000000 bytes of data"), std::string::npos) << error;
+  EXPECT_NE(error.find("the file has 16 bytes"), std::string::npos) << error;
+}
+
+// Dimensions whose product overflows int64: the 16 bytes of the audit's
+// reproducer idx_overflow_header.train-images-idx3-ubyte.
+TEST(Mnist, OverflowingDimensionsAreRefusedNamingTheFile) {
+  TempDir dir;
+  const std::string error = train_images_error(dir.path, be32(2051) + be32(10'000'000) + be32(10'000'000) + be32(10'000'000));
+  EXPECT_NE(error.find(dir.path + "/train-images-idx3-ubyte has a bad header: its dimensions 10000000 x 10000000 x "
+                                  "10000000 overflow a 64-bit size; the file has 16 bytes"),
+            std::string::npos)
+      << error;
+}
+
+TEST(Mnist, EmptyOrShortFileIsTooShort) {
+  TempDir dir;
+  std::string error = train_images_error(dir.path, "");
+  EXPECT_NE(error.find("train-images-idx3-ubyte is too short for an IDX file: 0 bytes"), std::string::npos) << error;
+  error = train_images_error(dir.path, be32(2051) + be32(1));
+  EXPECT_NE(error.find("train-images-idx3-ubyte is too short for its header: 8 bytes, 3 dimensions take 16"),
+            std::string::npos)
+      << error;
+  error = train_images_error(dir.path, be32(2051) + be32(1) + be32(2) + be32(2) + "abcdef");
+  EXPECT_NE(error.find("train-images-idx3-ubyte has 2 bytes after the data its header describes (1 x 2 x 2 = 4 bytes)"),
+            std::string::npos)
+      << error;
+}
+
+// The text reader sizes its buffer from the file system: a folder or a
+// device is refused rather than read until memory runs out.
+TEST(CharDataset, FromFileRefusesWhatIsNotARegularFile) {
+  TempDir dir;
+  for (const std::string& path : {dir.path, std::string("/dev/zero")}) {
+    try {
+      CharDataset::from_file(path, 8);
+      FAIL() << path << " was read";
+    } catch (const std::runtime_error& e) {
+      ASSERT_NE(std::string(e.what()).find("CharDataset: " + path + " is not a regular file"), std::string::npos) << e.what();
+    }
+  }
+  std::ofstream(dir.path + "/t.txt") << "abcabcabd";
+  EXPECT_EQ(CharDataset::from_file(dir.path + "/t.txt", 3)->size(), 6);
+}
+
 TEST(CharDataset, WindowsAndTargetsShiftByOne) {
   CharDataset ds("abcabcabd", 3);
   EXPECT_EQ(ds.vocab_size(), 4);

@@ -10,18 +10,25 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -454,4 +461,212 @@ TEST(Resume, TwoWorkersInterruptedAndResumedEndWithTheSameWeights) {
   EXPECT_FALSE(torch::equal(first->fc->weight, full->fc->weight));  // the first part alone differs
   EXPECT_TRUE(torch::allclose(second->fc->weight, full->fc->weight, 0, 1e-7)) << second->fc->weight << full->fc->weight;
   EXPECT_TRUE(torch::allclose(second->fc->bias, full->fc->bias, 0, 1e-7));
+}
+
+namespace {
+
+// Adds `path` with `score` to the kept top-k paths of the ModelCheckpoint
+// state `key` in the checkpoint file `ckpt`, and writes the file back.
+void add_kept_path(const std::string& ckpt, const std::string& key, const std::string& path, double score) {
+  Checkpoint c = TorchCheckpointIO().load_checkpoint(ckpt);
+  auto state = c.at("callbacks").toGenericDict().at(key).toGenericDict();
+  state.at("best_k_models").toGenericDict().insert_or_assign(c10::IValue(path), c10::IValue(score));
+  TorchCheckpointIO().save_checkpoint(c, ckpt);
+}
+
+// The .ckpt files directly in `dir`, by name.
+std::set<std::string> ckpt_names(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".ckpt") out.insert(e.path().filename().string());
+  return out;
+}
+
+}  // namespace
+
+// Issue 16, item 2: a checkpoint's callback state names files outside the
+// callback's folder as its oldest top-k checkpoints (an absolute path, a ".."
+// escape, and a path through a symlink to another folder). Resumed by two
+// worker processes whose rotation would remove the oldest first, the run drops
+// them with a warning and the files survive.
+TEST(Security, ResumedCheckpointCannotDeleteFilesOutsideItsFolder) {
+  TempDir dir;
+  const std::string ck = dir.path + "/ck", outside = dir.path + "/precious";
+  fs::create_directories(outside);
+  const std::vector<std::string> victims = {outside + "/a.ckpt", outside + "/b.ckpt", outside + "/c.ckpt"};
+  for (const auto& v : victims) std::ofstream(v) << "not yours";
+  auto callback = [&] {
+    return std::make_shared<ModelCheckpoint>(
+        ModelCheckpointOptions().dirpath(ck).every_n_train_steps(1).save_top_k(2).save_last(true));
+  };
+  auto fit = [&](int64_t max_steps, const std::string& ckpt_path) {
+    fulgur::testing::TinyRegression m;
+    Trainer t(TrainerOptions().accelerator("cpu").strategy("ddp").devices(2).max_steps(max_steps)
+                  .default_root_dir(dir.path).enable_progress_bar(false).num_sanity_val_steps(0).logger(false)
+                  .callbacks({callback()}));
+    t.fit(m, std::make_shared<DataLoader>(fulgur::testing::regression_data(64), DataLoaderOptions(4)), nullptr, ckpt_path);
+  };
+  fit(2, "");
+  const std::string key = callback()->state_key();
+  add_kept_path(ck + "/last.ckpt", key, victims[0], -3);
+  add_kept_path(ck + "/last.ckpt", key, ck + "/../precious/b.ckpt", -2);
+  fs::create_directory_symlink(outside, ck + "/link");
+  add_kept_path(ck + "/last.ckpt", key, ck + "/link/c.ckpt", -1);
+
+  ::testing::internal::CaptureStderr();
+  fit(6, ck + "/last.ckpt");
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  for (const auto& v : victims) EXPECT_TRUE(fs::exists(v)) << v << " was deleted by the resumed run";
+  for (const auto& named : {victims[0], ck + "/../precious/b.ckpt", ck + "/link/c.ckpt"}) {
+    EXPECT_THAT(err, HasSubstr("the top-k checkpoint '" + named + "', which is not inside this callback's folder"));
+  }
+  EXPECT_EQ(ckpt_names(ck), (std::set<std::string>{"epoch=0-step=5.ckpt", "epoch=0-step=6.ckpt", "last.ckpt"}));
+}
+
+// Issue 16, item 9: top-k files that a killed run wrote but never recorded
+// (the kill came between the save and last.ckpt) are removed on resume, so at
+// most save_top_k remain; files of other names in the folder stay.
+TEST(Faults, ResumeRemovesTopKFilesTheRestoredStateDoesNotKeep) {
+  TempDir dir;
+  const std::string ck = dir.path + "/ck";
+  auto fit = [&](int64_t max_steps, const std::string& ckpt_path) {
+    fulgur::testing::TinyRegression m;
+    Trainer t(TrainerOptions().accelerator("cpu").devices(1).max_steps(max_steps).default_root_dir(dir.path)
+                  .enable_progress_bar(false).num_sanity_val_steps(0).logger(false)
+                  .callbacks({std::make_shared<ModelCheckpoint>(
+                      ModelCheckpointOptions().dirpath(ck).every_n_train_steps(1).save_top_k(2).save_last(true))}));
+    t.fit(m, std::make_shared<DataLoader>(fulgur::testing::regression_data(64), DataLoaderOptions(4)), nullptr, ckpt_path);
+  };
+  fit(3, "");
+  ASSERT_EQ(ckpt_names(ck), (std::set<std::string>{"epoch=0-step=2.ckpt", "epoch=0-step=3.ckpt", "last.ckpt"}));
+  // What earlier killed rounds left: unrecorded top-k files, and files the callback never names.
+  for (const std::string name : {"epoch=0-step=7.ckpt", "epoch=0-step=9.ckpt", "epoch=0-step=9-v1.ckpt"}) {
+    fs::copy_file(ck + "/epoch=0-step=3.ckpt", ck + "/" + name);
+  }
+  for (const std::string name : {"notes.ckpt", "epoch=0-step=x.ckpt", "epoch=0-step=8.ckpt.bak"}) std::ofstream(ck + "/" + name) << "mine";
+  fit(4, ck + "/last.ckpt");
+  EXPECT_EQ(ckpt_names(ck), (std::set<std::string>{"epoch=0-step=3.ckpt", "epoch=0-step=4.ckpt", "last.ckpt", "notes.ckpt",
+                                                    "epoch=0-step=x.ckpt"}));
+  EXPECT_TRUE(fs::exists(ck + "/epoch=0-step=8.ckpt.bak"));
+}
+
+namespace {
+
+// Adam and a StepLR that halves the rate every 2 optimizer steps.
+struct Scheduled : fulgur::testing::TinyRegression {
+  OptimizerConfig configure_optimizers() override {
+    adam = std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(0.08));
+    SchedulerConfig s;
+    s.scheduler = std::make_shared<torch::optim::StepLR>(*adam, 2, 0.5);
+    s.interval = "step";
+    return OptimizerConfig({adam}, {s});
+  }
+  double lr() const { return adam->param_groups().at(0).options().get_lr(); }
+  std::shared_ptr<torch::optim::Adam> adam;
+};
+
+TrainerOptions scheduled_run(const std::string& root, int64_t max_steps) {
+  return TrainerOptions().accelerator("cpu").devices(1).max_steps(max_steps).default_root_dir(root)
+      .enable_progress_bar(false).num_sanity_val_steps(0).logger(false).enable_checkpointing(false);
+}
+
+std::shared_ptr<DataLoader> sixty_four() {
+  return std::make_shared<DataLoader>(fulgur::testing::regression_data(64), DataLoaderOptions(4));
+}
+
+// Resumes a Scheduled fit (max_steps 20) from `ckpt` in a forked process;
+// returns what it threw ("" if it finished), or "still running after
+// <seconds> s" (the process is then killed).
+std::string resume_in_child(const std::string& ckpt, const std::string& root, double seconds) {
+  const std::string report = root + "/child.txt";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::string error;
+    try {
+      Scheduled m;
+      Trainer(scheduled_run(root, 20)).fit(m, sixty_four(), nullptr, ckpt);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    std::ofstream(report) << error;
+    ::_exit(0);
+  }
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  int status = 0;
+  while (Clock::now() < end) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) return read_file(report);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return "still running after " + std::to_string(seconds) + " s";
+}
+
+void set_scheduler_count(const std::string& ckpt, int64_t last_epoch, std::optional<int64_t> global_step = std::nullopt) {
+  Checkpoint c = TorchCheckpointIO().load_checkpoint(ckpt);
+  auto s = c.at("lr_schedulers").toList().get(0).toGenericDict();
+  s.insert_or_assign(c10::IValue("last_epoch"), c10::IValue(last_epoch));
+  s.insert_or_assign(c10::IValue("_step_count"), c10::IValue(last_epoch + 1));
+  if (global_step) {
+    auto loop = c.at("loops").toGenericDict().at("fit_loop").toGenericDict();
+    loop.insert_or_assign(c10::IValue("global_step"), c10::IValue(*global_step));
+    c.insert_or_assign("global_step", *global_step);
+  }
+  TorchCheckpointIO().save_checkpoint(c, ckpt);
+}
+
+}  // namespace
+
+// Issue 16, item 6: a scheduler count of 10^12 in a checkpoint was replayed
+// one step at a time (minutes of spinning). It is refused at once, naming
+// the file, the key, the value and the bound.
+TEST(Resume, HugeSchedulerCountIsRefusedAtOnce) {
+  TempDir dir;
+  Scheduled m;
+  Trainer t(scheduled_run(dir.path, 3));
+  t.fit(m, sixty_four());
+  const std::string ckpt = dir.path + "/huge.ckpt";
+  t.save_checkpoint(ckpt);
+  set_scheduler_count(ckpt, 1'000'000'000'000);
+  const auto start = Clock::now();
+  std::string error = resume_in_child(ckpt, dir.path, 20);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
+  EXPECT_THAT(error, HasSubstr("checkpoint " + ckpt + ": 'lr_schedulers[0].last_epoch' is 1000000000000, outside [0, 3]"));
+  EXPECT_THAT(error, HasSubstr("global_step is 3"));
+
+  // The loop position claims as much: the bound is then libtorch's counter width.
+  set_scheduler_count(ckpt, 1'000'000'000'000, 1'000'000'000'000);
+  error = resume_in_child(ckpt, dir.path, 20);
+  EXPECT_THAT(error, HasSubstr("'lr_schedulers[0].last_epoch' is 1000000000000, outside [0, 4294967295]"));
+
+  // A negative count or batch position is refused too.
+  set_scheduler_count(ckpt, -1, 3);
+  EXPECT_THAT(resume_in_child(ckpt, dir.path, 20), HasSubstr("'lr_schedulers[0].last_epoch' is -1, outside [0, 3]"));
+  set_scheduler_count(ckpt, 3);
+  {
+    Checkpoint c = TorchCheckpointIO().load_checkpoint(ckpt);
+    c.at("loops").toGenericDict().at("fit_loop").toGenericDict().insert_or_assign(c10::IValue("batches_done"), c10::IValue(-1));
+    TorchCheckpointIO().save_checkpoint(c, ckpt);
+  }
+  EXPECT_THAT(resume_in_child(ckpt, dir.path, 20), HasSubstr("'loops.fit_loop.batches_done' is -1, outside [0, 16]"));
+}
+
+// The scheduler's count is restored directly: after 5 steps, a resume, and 3
+// or 4 more, the rate is what an uninterrupted run has, 0.08 * 0.5^((n-1)/2)
+// after n steps (libtorch's StepLR halves at its 3rd, 5th, ... step() call).
+TEST(Resume, SchedulerCountIsRestoredWithoutReplay) {
+  TempDir dir;
+  Scheduled a;
+  Trainer t(scheduled_run(dir.path, 5));
+  t.fit(a, sixty_four());
+  EXPECT_DOUBLE_EQ(a.lr(), 0.08 * 0.25);
+  t.save_checkpoint(dir.path + "/five.ckpt");
+  for (int64_t steps : {8, 9}) {
+    Scheduled b;
+    Trainer(scheduled_run(dir.path, steps)).fit(b, sixty_four(), nullptr, dir.path + "/five.ckpt");
+    Scheduled c;
+    Trainer(scheduled_run(dir.path, steps)).fit(c, sixty_four());
+    EXPECT_DOUBLE_EQ(b.lr(), 0.08 * std::pow(0.5, (steps - 1) / 2)) << steps << " steps";
+    EXPECT_DOUBLE_EQ(b.lr(), c.lr()) << steps << " steps";
+  }
 }

@@ -6,12 +6,46 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 
 namespace fs = std::filesystem;
 
 namespace fulgur {
+namespace {
+
+// `p` made absolute, with symlinks of its existing part resolved and "." and
+// ".." removed; empty when that fails.
+fs::path resolved(const fs::path& p) {
+  std::error_code ec;
+  fs::path out = fs::weakly_canonical(fs::absolute(p, ec), ec);
+  if (ec) return {};
+  if (out.has_filename()) return out;
+  return out.parent_path();  // "dir/" -> "dir"
+}
+
+// True when `path` lies strictly inside folder `dir` once both are resolved,
+// so that neither ".." nor a symlink leads out of it.
+bool lies_inside(const fs::path& dir, const fs::path& path) {
+  const fs::path d = resolved(dir), p = resolved(path);
+  if (d.empty() || p.empty()) return false;
+  auto [di, pi] = std::mismatch(d.begin(), d.end(), p.begin(), p.end());
+  return di == d.end() && pi != p.end();
+}
+
+std::string regex_escaped(const std::string& s) {
+  static const std::string special = R"(\^$.|?*+()[]{})";
+  std::string out;
+  for (char c : s) {
+    if (special.find(c) != std::string::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
 
 ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std::move(options)) {
   if (options_.mode() != "min" && options_.mode() != "max") {
@@ -39,6 +73,77 @@ void ModelCheckpoint::on_fit_start(Trainer& trainer, LightningModule&) {
   if (options_.dirpath().empty()) dir = trainer.strategy().broadcast(c10::IValue(dir), 0).toStringRef();
   dirpath_ = dir;
   if (trainer.is_global_zero()) TorchCheckpointIO::remove_stale_temporaries(dirpath_);
+  drop_foreign_paths(trainer.is_global_zero());
+  if (restored_) remove_orphans(trainer);
+  restored_ = false;
+}
+
+void ModelCheckpoint::drop_foreign_paths(bool warn) {
+  auto foreign = [&](const std::string& path, const char* what) {
+    if (path.empty() || lies_inside(dirpath_, path)) return false;
+    if (warn) {
+      std::cerr << "fulgur: warning: ModelCheckpoint: the restored state names " << what << " '" << path
+                << "', which is not inside this callback's folder '" << dirpath_
+                << "'; the entry is dropped, and that file will not be used or removed" << std::endl;
+    }
+    return true;
+  };
+  for (auto it = best_k_models_.begin(); it != best_k_models_.end();) {
+    it = foreign(it->first, "the top-k checkpoint") ? best_k_models_.erase(it) : std::next(it);
+  }
+  if (foreign(last_model_path_, "the last checkpoint")) last_model_path_.clear();
+  if (foreign(best_model_path_, "the best checkpoint")) {
+    best_model_path_.clear();
+    best_model_score_.reset();
+  }
+}
+
+bool ModelCheckpoint::has_own_name(const std::string& relative) const {
+  // The regex counterpart of format_name: "name=<number>" per field, then an
+  // optional "-v<k>" (a name taken twice) and ".ckpt".
+  const std::string& tpl = options_.filename();
+  std::string re;
+  size_t i = 0;
+  while (i < tpl.size()) {
+    const size_t open = tpl.find('{', i);
+    re += regex_escaped(tpl.substr(i, open == std::string::npos ? std::string::npos : open - i));
+    if (open == std::string::npos) break;
+    const size_t close = tpl.find('}', open);
+    if (close == std::string::npos) return false;
+    std::string field = tpl.substr(open + 1, close - open - 1);
+    field = field.substr(0, field.find(':'));
+    re += regex_escaped(field) + (field == "epoch" || field == "step" ? "=-?[0-9]+" : "=[-+0-9.eEinfa]+");
+    i = close + 1;
+  }
+  re += R"((-v[0-9]+)?\.ckpt)";
+  return std::regex_match(relative, std::regex(re));
+}
+
+void ModelCheckpoint::remove_orphans(Trainer& trainer) {
+  const int64_t k = options_.save_top_k();
+  if (k == -1 || trainer.strategy().local_rank() != 0) return;
+  std::error_code ec;
+  if (!fs::is_directory(dirpath_, ec)) return;
+  std::vector<fs::path> kept;
+  for (const auto& kv : best_k_models_) kept.push_back(resolved(kv.first));
+  std::vector<std::string> orphans;
+  auto consider = [&](const fs::directory_entry& e) {
+    if (e.is_symlink(ec) || !e.is_regular_file(ec) || e.path().filename() == "last.ckpt") return;
+    if (!has_own_name(e.path().lexically_relative(dirpath_).generic_string())) return;
+    if (std::find(kept.begin(), kept.end(), resolved(e.path())) != kept.end()) return;
+    orphans.push_back(e.path().string());
+  };
+  if (options_.filename().find('/') == std::string::npos) {
+    for (const auto& e : fs::directory_iterator(dirpath_, ec)) consider(e);
+  } else {
+    for (const auto& e : fs::recursive_directory_iterator(dirpath_, ec)) consider(e);
+  }
+  std::sort(orphans.begin(), orphans.end());
+  for (const auto& o : orphans) {
+    trainer.strategy().remove_checkpoint(o);
+    std::cerr << "fulgur: ModelCheckpoint: removed " << o << ", a checkpoint of this callback's name pattern that the "
+              << "restored state does not keep (left by an interrupted run; save_top_k=" << k << ")" << std::endl;
+  }
 }
 
 std::string ModelCheckpoint::format_name(int64_t epoch, int64_t step, const std::map<std::string, double>& metrics) const {
@@ -143,7 +248,10 @@ void ModelCheckpoint::save(Trainer& trainer) {
     trainer.save_checkpoint(path);
     if (fs::path(path).filename() == "last.ckpt") last_model_path_ = path;
   }
-  for (const auto& r : plan.at("removes").toListRef()) strategy.remove_checkpoint(r.toStringRef());
+  for (const auto& r : plan.at("removes").toListRef()) {
+    // Only files of this callback's own folder are ever removed.
+    if (lies_inside(dirpath_, r.toStringRef())) strategy.remove_checkpoint(r.toStringRef());
+  }
   if (!best_k_models_.empty()) {
     const bool monitored = !options_.monitor().empty();
     auto best = std::min_element(best_k_models_.begin(), best_k_models_.end(), [&](const auto& a, const auto& b) {
@@ -199,6 +307,9 @@ void ModelCheckpoint::load_state_dict(const c10::IValue& state) {
   if (!d.at("best_model_score").isNone()) best_model_score_ = d.at("best_model_score").toDouble();
   best_k_models_.clear();
   for (const auto& kv : d.at("best_k_models").toGenericDict()) best_k_models_[kv.key().toStringRef()] = kv.value().toDouble();
+  // Checked at the next fit start, once the folder is known (its default
+  // depends on the logger).
+  restored_ = true;
 }
 
 }  // namespace fulgur

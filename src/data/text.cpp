@@ -3,9 +3,13 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstddef>
+#include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <limits>
 #include <stdexcept>
+
+namespace fs = std::filesystem;
 
 namespace fulgur {
 
@@ -32,10 +36,25 @@ CharDataset::CharDataset(const std::string& text, int64_t block_size) : block_si
 std::shared_ptr<CharDataset> CharDataset::from_file(const std::string& path, int64_t block_size) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("CharDataset: cannot open " + path + " (run scripts/install-deps)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
-  if (text.empty()) throw std::runtime_error("CharDataset: " + path + " is empty");
+  // The size comes from the file system, never from reading until the end
+  // (a device such as /dev/zero has none): one allocation of that size, and
+  // the tokens (8 bytes per character) must fit in memory's address range.
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) throw std::runtime_error("CharDataset: " + path + " is not a regular file");
+  const uint64_t bytes = fs::file_size(path, ec);
+  if (ec) throw std::runtime_error("CharDataset: cannot read the size of " + path + ": " + ec.message());
+  if (bytes == 0) throw std::runtime_error("CharDataset: " + path + " is empty");
+  constexpr uint64_t kMaxBytes = static_cast<uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()) / sizeof(int64_t);
+  if (bytes > kMaxBytes) {
+    throw std::runtime_error("CharDataset: " + path + " has " + std::to_string(bytes) + " bytes, more than the " +
+                             std::to_string(kMaxBytes) + " whose tokens can be addressed");
+  }
+  std::string text(static_cast<size_t>(bytes), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(bytes));
+  if (static_cast<uint64_t>(in.gcount()) != bytes) {
+    throw std::runtime_error("CharDataset: " + path + " has " + std::to_string(bytes) + " bytes, but only " +
+                             std::to_string(in.gcount()) + " could be read (did the file shrink?)");
+  }
   return std::make_shared<CharDataset>(text, block_size);
 }
 

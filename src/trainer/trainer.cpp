@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <stdexcept>
 
 namespace fs = std::filesystem;
@@ -486,6 +487,46 @@ Checkpoint TrainerImpl::dump_checkpoint() {
   return ckpt;
 }
 
+namespace {
+
+// Larger loop counts than any run reaches (2^53: still exact as the float
+// scores that ModelCheckpoint keeps).
+constexpr int64_t kMaxLoopCount = int64_t(1) << 53;
+// libtorch's LRScheduler counts its steps in an unsigned int.
+constexpr int64_t kMaxSchedulerCount = std::numeric_limits<unsigned>::max();
+
+// The int under `key` of `d`, in [0, bound]; the error names the file, the
+// key (`name`), the value and the bound, with `why` the bound is what it is.
+int64_t read_count(const c10::Dict<std::string, c10::IValue>& d, const std::string& key, const std::string& where,
+                   const std::string& name, int64_t bound, const std::string& why) {
+  if (!d.contains(key)) throw std::runtime_error(where + ": missing key '" + name + "'");
+  const c10::IValue& v = d.at(key);
+  if (!v.isInt()) throw std::runtime_error(where + ": '" + name + "' is " + v.tagKind() + ", expected an int");
+  const int64_t n = v.toInt();
+  if (n < 0 || n > bound) {
+    throw std::runtime_error(where + ": '" + name + "' is " + std::to_string(n) + ", outside [0, " + std::to_string(bound) +
+                             "] (" + why + "); the checkpoint is corrupt or was made for another run");
+  }
+  return n;
+}
+
+// libtorch's LRScheduler has no setter for its step count, which it keeps
+// protected; a member pointer formed through a subclass reaches it.
+struct SchedulerStepCount : torch::optim::LRScheduler {
+  static void set(torch::optim::LRScheduler& s, unsigned n) { s.*(&SchedulerStepCount::step_count_) = n; }
+};
+
+// Puts `scheduler` where `n` calls of step() would, without making them. For
+// libtorch's schedulers (StepLR) the count is all the state there is: the
+// next rate comes from the optimizer's current one, which the optimizer's
+// state restores. A scheduler of the user's with state of its own beyond
+// the count is not replayed either.
+void set_scheduler_step_count(torch::optim::LRScheduler& scheduler, int64_t n) {
+  SchedulerStepCount::set(scheduler, static_cast<unsigned>(n));
+}
+
+}  // namespace
+
 void TrainerImpl::restore(const std::string& path) {
   Checkpoint ckpt = strategy->load_checkpoint(path);
   const std::string where = "checkpoint " + path;
@@ -503,25 +544,38 @@ void TrainerImpl::restore(const std::string& path) {
     throw std::runtime_error(where + ": has " + std::to_string(opts.size()) + " optimizer states, the model configures " +
                              std::to_string(cfg.optimizers.size()) + " optimizers");
   }
+  // Every count is checked against what this run allows before it is used.
+  auto loop = c10::impl::toTypedDict<std::string, c10::IValue>(
+      c10::impl::toTypedDict<std::string, c10::IValue>(get("loops").toGenericDict()).at("fit_loop").toGenericDict());
+  current_epoch = read_count(loop, "epoch", where, "loops.fit_loop.epoch", kMaxLoopCount, "no run gets that far");
+  global_step = read_count(loop, "global_step", where, "loops.fit_loop.global_step", kMaxLoopCount, "no run gets that far");
+  const int64_t epoch_batches = train_source->num_batches();
+  epoch_batches_done = read_count(loop, "batches_done", where, "loops.fit_loop.batches_done", epoch_batches,
+                                  "the batches of one epoch of this run's training loader");
+  if (loop.at("epoch_finished").toBool()) {
+    ++current_epoch;
+    epoch_batches_done = 0;
+  }
+  // A scheduler takes its saved count directly (no replay, whatever the
+  // count); its learning rate comes back with the optimizer's state below.
   auto scheds = get("lr_schedulers").toList();
   for (size_t i = 0; i < cfg.schedulers.size() && i < scheds.size(); ++i) {
+    if (!scheds.get(i).isGenericDict()) throw std::runtime_error(where + ": lr_schedulers[" + std::to_string(i) + "] is not a dict");
     auto s = c10::impl::toTypedDict<std::string, c10::IValue>(scheds.get(i).toGenericDict());
-    const int64_t n = s.at("last_epoch").toInt();
-    for (int64_t k = 0; k < n; ++k) cfg.schedulers[i].scheduler->step();  // replay, then the saved lr wins below
+    const SchedulerConfig& sc = cfg.schedulers[i];
+    const bool per_step = sc.interval == "step";
+    const int64_t bound = std::min<int64_t>(per_step ? global_step : current_epoch + 1, kMaxSchedulerCount);
+    const int64_t n = read_count(s, "last_epoch", where, "lr_schedulers[" + std::to_string(i) + "].last_epoch", bound,
+                                 per_step ? "a scheduler stepped per optimizer step, and the checkpoint's global_step is " +
+                                                std::to_string(global_step)
+                                          : "a scheduler stepped per epoch, and the checkpoint is in epoch " +
+                                                std::to_string(current_epoch));
+    set_scheduler_step_count(*sc.scheduler, n);
     scheduler_counts[i] = n;
   }
   for (size_t i = 0; i < opts.size(); ++i) {
     load_optimizer_state_dict(*cfg.optimizers[i], opts.get(i), where + ", optimizer " + std::to_string(i));
     optimizer_state_to_params_device(*cfg.optimizers[i]);
-  }
-  auto loop = c10::impl::toTypedDict<std::string, c10::IValue>(
-      c10::impl::toTypedDict<std::string, c10::IValue>(get("loops").toGenericDict()).at("fit_loop").toGenericDict());
-  current_epoch = loop.at("epoch").toInt();
-  global_step = loop.at("global_step").toInt();
-  epoch_batches_done = loop.at("batches_done").toInt();
-  if (loop.at("epoch_finished").toBool()) {
-    ++current_epoch;
-    epoch_batches_done = 0;
   }
   auto cbs = c10::impl::toTypedDict<std::string, c10::IValue>(get("callbacks").toGenericDict());
   for (auto& c : callbacks)

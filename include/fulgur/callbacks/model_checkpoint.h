@@ -46,6 +46,12 @@ class ModelCheckpoint : public Callback {
   void on_train_epoch_end(Trainer&, LightningModule&) override;
   void on_validation_end(Trainer&, LightningModule&) override;
   c10::IValue state_dict() const override;
+  // Restores the kept paths and scores. Paths that do not lie inside this
+  // callback's folder (resolved, so neither ".." nor a symlink leads out) are
+  // dropped with a warning at the next fit start, and never removed. At that
+  // start, files in the folder that match this callback's name pattern but
+  // are not kept (left by a run killed between a save and its record) are
+  // removed, unless save_top_k is -1.
   void load_state_dict(const c10::IValue& state) override;
 
   // Saves now (all ranks must call; rank 0 writes).
@@ -64,6 +70,13 @@ class ModelCheckpoint : public Callback {
  private:
   bool better(double a, double b) const;
   void save_top_k(Trainer& trainer, const std::string& path, std::optional<double> score);
+  // Forgets kept, best and last paths outside dirpath_; warns if `warn`.
+  void drop_foreign_paths(bool warn);
+  // True when `relative` (a path under dirpath_) is a name this callback's
+  // filename template gives.
+  bool has_own_name(const std::string& relative) const;
+  // Removes the files of this callback's name pattern in dirpath_ that are not kept.
+  void remove_orphans(Trainer& trainer);
 
   ModelCheckpointOptions options_;
   std::string dirpath_;
@@ -73,6 +86,7 @@ class ModelCheckpoint : public Callback {
   std::map<std::string, double> best_k_models_;
   int64_t last_saved_step_ = -1;
   bool saw_validation_ = false;
+  bool restored_ = false;  // load_state_dict ran since the last fit start
 };
 
 }  // namespace fulgur
