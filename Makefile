@@ -11,7 +11,7 @@ deps:
 	@scripts/install-deps
 
 $(BUILD)/build.ninja: CMakeLists.txt
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ -DFULGUR_FUZZ=ON
 
 configure: deps $(BUILD)/build.ninja
 
