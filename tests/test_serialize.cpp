@@ -5,6 +5,7 @@
 #include "support.h"
 
 #include "serialize/torch_archive.h"
+#include "stored_zip.h"
 #include "trainer/optim_state.h"
 
 #include <fulgur/checkpoint.h>
@@ -31,39 +32,12 @@ using namespace std::string_literals;
 
 namespace {
 
-// A stored zip archive of the given records, with correct CRCs.
-std::string zip(const std::vector<std::pair<std::string, std::string>>& records) {
-  std::string out, dir;
-  auto le = [](std::string& s, uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  };
-  for (const auto& [name, data] : records) {
-    const uint32_t crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(data.data()), data.size()));
-    const uint64_t offset = out.size();
-    le(out, 0x04034b50, 4);
-    le(out, 20, 2), le(out, 0, 2), le(out, 0, 2), le(out, 0, 2), le(out, 0, 2);
-    le(out, crc, 4), le(out, data.size(), 4), le(out, data.size(), 4);
-    le(out, name.size(), 2), le(out, 0, 2);
-    out += name + data;
-    le(dir, 0x02014b50, 4);
-    le(dir, 20, 2), le(dir, 20, 2), le(dir, 0, 2), le(dir, 0, 2), le(dir, 0, 2), le(dir, 0, 2);
-    le(dir, crc, 4), le(dir, data.size(), 4), le(dir, data.size(), 4);
-    le(dir, name.size(), 2), le(dir, 0, 2), le(dir, 0, 2), le(dir, 0, 2), le(dir, 0, 2), le(dir, 0, 4);
-    le(dir, offset, 4);
-    dir += name;
-  }
-  const uint64_t dir_offset = out.size();
-  out += dir;
-  le(out, 0x06054b50, 4);
-  le(out, 0, 2), le(out, 0, 2), le(out, records.size(), 2), le(out, records.size(), 2);
-  le(out, dir.size(), 4), le(out, dir_offset, 4), le(out, 0, 2);
-  return out;
-}
+using fulgur::testing::stored_zip;
 
 // An archive of one pickle (and optional data records).
 std::string archive(const std::string& pickle, std::vector<std::pair<std::string, std::string>> data = {}) {
   data.insert(data.begin(), {"archive/data.pkl", pickle});
-  return zip(data);
+  return stored_zip(data);
 }
 
 c10::IValue load(const std::string& bytes) {
@@ -239,9 +213,9 @@ TEST(Serialize, ZipStructureIsChecked) {
   EXPECT_EQ(load(good).toInt(), 5);
   EXPECT_THAT(load_error(good.substr(0, good.size() - 30)), HasSubstr("no end-of-central-directory record"));
   EXPECT_THAT(load_error(std::string(10, 'x')), HasSubstr("only 10 bytes"));
-  EXPECT_THAT(load_error(zip({{"archive/version", "3\n"}})), HasSubstr("no '<folder>/data.pkl' record"));
+  EXPECT_THAT(load_error(stored_zip({{"archive/version", "3\n"}})), HasSubstr("no '<folder>/data.pkl' record"));
   // Two central entries for one record's bytes (a zip bomb's trick): refused.
-  std::string two = zip({{"archive/data.pkl", "\x80\x02K\x05."}, {"archive/data/0", kFourFloats}});
+  std::string two = stored_zip({{"archive/data.pkl", "\x80\x02K\x05."}, {"archive/data/0", kFourFloats}});
   const auto second_local = two.find(std::string("PK\x03\x04", 4), 4);
   const auto last_central = two.rfind(std::string("PK\x01\x02", 4));
   two.replace(last_central + 42, 4, le32(0));  // the second entry points at the first record's header
