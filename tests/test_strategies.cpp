@@ -16,6 +16,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 using namespace fulgur;
@@ -270,4 +271,70 @@ TEST(Launcher, ForkedWorkerRunsParallelOpsAfterTheParentDid) {
   }
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
   EXPECT_EQ(fulgur::testing::read_file(record), "2 8388608") << "the worker ran its parallel op with 2 threads";
+}
+
+namespace {
+
+// Checks all_gather(x, sync_grads=true) in the workers. On rank q, x is
+// (q+1)*ones(2) on the strategy's device and the loss is
+// (q+1) * sum_k (k+1) * sum(gathered[k]). Its gradient for row k is
+// (q+1)(k+1); the backward sums, over q, what flows into this rank's row r:
+// x.grad = (r+1) * (1 + ... + N) = (r+1) N(N+1)/2. N=2: rank 0 gets 3, rank 1
+// gets 6; N=3: 6, 12, 18. The gathered values are also checked: row k = k+1.
+struct GatherGrads : TinyRegression {
+  void on_fit_start() override {
+    Strategy& s = trainer()->strategy();
+    const int64_t n = s.world_size();
+    const double r = static_cast<double>(s.global_rank());
+    const c10::Device dev = s.root_device();
+    auto x = torch::full({2}, r + 1, torch::TensorOptions().device(dev).requires_grad(true));
+    auto gathered = s.all_gather(x, true);
+    check(gathered.sizes() == c10::IntArrayRef({n, 2}), "gathered shape");
+    check(gathered.device() == dev, "gathered on " + gathered.device().str());
+    auto rows = torch::arange(1, n + 1, torch::kFloat32).view({n, 1});
+    check(torch::equal(gathered.detach().to(torch::kCPU), rows.expand({n, 2})), "gathered rows are k+1");
+    ((gathered * rows.to(dev)).sum() * (r + 1)).backward();
+    const at::Tensor grad = x.grad().to(torch::kCPU).contiguous();
+    const double want = (r + 1) * n * (n + 1) / 2.0;
+    std::ostringstream got;
+    got << "shape " << grad.sizes() << ", numel of storage " << grad.storage().nbytes() / sizeof(float) << ", data";
+    for (int64_t i = 0; i < grad.numel(); ++i) got << " " << grad.data_ptr<float>()[i];
+    check(grad.sizes() == c10::IntArrayRef({2}) && grad.storage().nbytes() == 2 * sizeof(float) &&
+              torch::equal(grad, torch::full({2}, static_cast<float>(want))),
+          "rank " + std::to_string(s.global_rank()) + " of " + std::to_string(n) + ": x.grad must be " +
+              std::to_string(want) + " " + std::to_string(want) + ", got " + got.str());
+  }
+};
+
+void expect_gather_grads(const std::string& accelerator, int world) {
+  TempDir dir;
+  std::vector<int64_t> devices;
+  for (int i = 0; i < world; ++i) devices.push_back(i);
+  // A strategy object: a 2-core machine has 2 cpu devices, and these ranks need no cores of their own.
+  std::shared_ptr<Strategy> strategy;
+  if (accelerator == "xla") {
+    strategy = std::make_shared<XLAStrategy>(devices);
+  } else {
+    strategy = std::make_shared<DDPStrategy>(std::make_shared<CPUAccelerator>(), devices);
+  }
+  GatherGrads m;
+  Trainer t(TrainerOptions().strategy_object(strategy).max_steps(1).default_root_dir(dir.path)
+                .enable_progress_bar(false).enable_checkpointing(false).logger(false).num_sanity_val_steps(0));
+  try {
+    t.fit(m, loader(16, 4));
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << accelerator << ", " << world << " workers: " << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(Strategies, AllGatherSyncGradsGivesEachRankItsSummedSliceOnCpu) {
+  expect_gather_grads("cpu", 2);
+  expect_gather_grads("cpu", 3);
+}
+
+TEST(Strategies, AllGatherSyncGradsGivesEachRankItsSummedSliceOnXla) {
+  expect_gather_grads("xla", 2);
+  expect_gather_grads("xla", 3);
 }

@@ -20,6 +20,12 @@ namespace {
 
 // all_gather whose backward sums, over ranks, the gradient flowing into this
 // rank's slice (torch.distributed.nn.functional.all_gather).
+//
+// The backward reduces a CPU copy and returns a tensor of its own, never a
+// view of the reduced buffer: AccumulateGrad detaches the gradient it keeps,
+// and in libtorch 1.13 the detached view of a lazy tensor that was updated
+// in place reads as its whole base (x.grad of shape [2] held the [world, 2]
+// sum). On the CPU a view would keep the [world, ...] buffer alive as x.grad.
 struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, Collectives* c) {
     ctx->saved_data["collectives"] = reinterpret_cast<int64_t>(c);
@@ -28,9 +34,9 @@ struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* c = reinterpret_cast<Collectives*>(ctx->saved_data["collectives"].toInt());
-    at::Tensor g = grads[0].contiguous().clone();
+    at::Tensor g = grads[0].to(torch::kCPU).contiguous().clone();
     c->all_reduce(g, ReduceOp::kSum);
-    return {g[c->rank()], at::Tensor()};
+    return {g.select(0, c->rank()).clone().to(grads[0].device()), at::Tensor()};
   }
 };
 
