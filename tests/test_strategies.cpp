@@ -338,3 +338,58 @@ TEST(Strategies, AllGatherSyncGradsGivesEachRankItsSummedSliceOnXla) {
   expect_gather_grads("xla", 2);
   expect_gather_grads("xla", 3);
 }
+
+namespace {
+
+// Broadcasts, from each src, a cpu tensor and a tensor on the xla device, at
+// the top level and inside a dict, a list and a tuple. Every rank must get
+// src's values (src's rank number), each tensor on the device it started on.
+struct BroadcastDevices : TinyRegression {
+  void on_fit_start() override {
+    Strategy& s = trainer()->strategy();
+    const c10::Device dev = s.root_device();
+    check(dev.type() == c10::kLazy, "root device is lazy, got " + dev.str());
+    const double r = static_cast<double>(s.global_rank());
+    const std::string me = "rank " + std::to_string(s.global_rank());
+    for (int64_t src : {0, 1}) {
+      const auto cpu_t = torch::full({2}, r);
+      const auto dev_t = torch::full({3}, r, torch::TensorOptions().device(dev));
+      auto expect = [&](const c10::IValue& v, const c10::Device& want, int64_t numel, const std::string& where) {
+        check(v.isTensor(), me + ": " + where + " is not a tensor");
+        const at::Tensor t = v.toTensor();
+        check(t.device() == want, me + ": " + where + " from src " + std::to_string(src) + " came back on " +
+                                      t.device().str() + ", started on " + want.str());
+        check(t.numel() == numel && t.to(torch::kCPU).eq(static_cast<double>(src)).all().item<bool>(),
+              me + ": " + where + " holds src's values");
+      };
+      expect(s.broadcast(cpu_t, src), c10::Device(c10::kCPU), 2, "a top-level cpu tensor");
+      expect(s.broadcast(dev_t, src), dev, 3, "a top-level xla tensor");
+      auto d = make_dict();
+      d.insert("cpu", cpu_t);
+      d.insert("xla", dev_t);
+      auto dict = c10::impl::toTypedDict<std::string, c10::IValue>(s.broadcast(d, src).toGenericDict());
+      expect(dict.at("cpu"), c10::Device(c10::kCPU), 2, "dict['cpu']");
+      expect(dict.at("xla"), dev, 3, "dict['xla']");
+      c10::List<at::Tensor> list({cpu_t, dev_t});
+      auto l = s.broadcast(list, src).toList();
+      expect(l.get(0), c10::Device(c10::kCPU), 2, "list[0] (cpu)");
+      expect(l.get(1), dev, 3, "list[1] (xla)");
+      auto tuple = s.broadcast(c10::ivalue::Tuple::create({cpu_t, dev_t}), src).toTuple();
+      expect(tuple->elements()[0], c10::Device(c10::kCPU), 2, "tuple[0] (cpu)");
+      expect(tuple->elements()[1], dev, 3, "tuple[1] (xla)");
+    }
+  }
+};
+
+}  // namespace
+
+TEST(Strategies, BroadcastKeepsEachTensorOnTheDeviceItStartedOn) {
+  TempDir dir;
+  BroadcastDevices m;
+  Trainer t(opts(dir.path, "xla", "xla", 2).max_steps(1).enable_checkpointing(false).logger(false));
+  try {
+    t.fit(m, loader(16, 4));
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+}

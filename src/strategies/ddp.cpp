@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <stdexcept>
@@ -39,6 +40,29 @@ struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
     return {g.select(0, c->rank()).clone().to(grads[0].device()), at::Tensor()};
   }
 };
+
+// `value` with every tensor inside (dicts, lists, tuples, nested) replaced by
+// f(tensor), visited depth first in container order.
+c10::IValue visit_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f) {
+  if (v.isTensor()) return f(v.toTensor());
+  if (v.isGenericDict()) {
+    auto in = v.toGenericDict();
+    c10::impl::GenericDict d(in.keyType(), in.valueType());
+    for (const auto& kv : in) d.insert(kv.key(), visit_tensors(kv.value(), f));
+    return d;
+  }
+  if (v.isList()) {
+    c10::impl::GenericList l(v.toList().elementType());
+    for (const auto& e : v.toList()) l.push_back(visit_tensors(e, f));
+    return l;
+  }
+  if (v.isTuple()) {
+    std::vector<c10::IValue> items;
+    for (const auto& e : v.toTupleRef().elements()) items.push_back(visit_tensors(e, f));
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  return v;
+}
 
 bool env_set(const char* name) {
   const char* v = std::getenv(name);
@@ -185,27 +209,24 @@ c10::IValue ParallelStrategy::broadcast(const c10::IValue& value, int64_t src) {
   if (src < 0 || src >= world_size()) {
     throw std::invalid_argument("broadcast: src=" + std::to_string(src) + " is outside [0, " + std::to_string(world_size()) + ")");
   }
-  // Tensors travel as CPU tensors and come back on this rank's device.
-  c10::IValue out = collectives_->broadcast_object(to_cpu(value), src);
+  // Tensors travel as CPU tensors, with one flag each (in visiting order):
+  // whether it was on src's root device. Receivers put those on theirs and
+  // leave the others on the CPU, so every rank has each tensor where it started.
+  c10::List<int64_t> on_device;
+  visit_tensors(value, [&](const at::Tensor& t) {
+    on_device.push_back(t.device().is_cpu() ? 0 : 1);
+    return t;
+  });
+  c10::IValue out = collectives_->broadcast_object(c10::ivalue::Tuple::create({to_cpu(value), on_device}), src);
   if (global_rank() == src) return value;
+  const auto& parts = out.toTupleRef().elements();
+  const c10::List<int64_t> flags = parts.at(1).toIntList();
   const c10::Device dev = root_device();
-  if (dev.is_cpu()) return out;
-  std::function<c10::IValue(const c10::IValue&)> move = [&](const c10::IValue& v) -> c10::IValue {
-    if (v.isTensor()) return v.toTensor().to(dev);
-    if (v.isGenericDict()) {
-      auto in = v.toGenericDict();
-      c10::impl::GenericDict d(in.keyType(), in.valueType());
-      for (const auto& kv : in) d.insert(kv.key(), move(kv.value()));
-      return d;
-    }
-    if (v.isList()) {
-      c10::impl::GenericList l(v.toList().elementType());
-      for (const auto& e : v.toList()) l.push_back(move(e));
-      return l;
-    }
-    return v;
-  };
-  return move(out);
+  size_t i = 0;
+  return visit_tensors(parts.at(0), [&](const at::Tensor& t) {
+    if (i >= flags.size()) throw CollectiveError("broadcast: rank " + std::to_string(src) + " sent more tensors than flags");
+    return flags.get(i++) ? t.to(dev) : t;
+  });
 }
 
 bool ParallelStrategy::reduce_boolean_decision(bool decision, bool all) {
