@@ -393,3 +393,41 @@ TEST(Strategies, BroadcastKeepsEachTensorOnTheDeviceItStartedOn) {
     ADD_FAILURE() << e.what();
   }
 }
+
+namespace {
+
+// Every rank saves with storage_options, which the XLA CheckpointIO refuses,
+// and records what it got in <dir>/rank-<r>.
+struct SavesWithStorageOptions : TinyRegression {
+  explicit SavesWithStorageOptions(std::string dir) : dir(std::move(dir)) {}
+  void on_fit_start() override {
+    Strategy& s = trainer()->strategy();
+    std::string got = "returned normally";
+    try {
+      s.save_checkpoint(trainer()->dump_checkpoint(), dir + "/x.ckpt", {{"compress", "1"}});
+    } catch (const std::invalid_argument& e) {
+      got = std::string("invalid_argument: ") + e.what();
+    } catch (const std::exception& e) {
+      got = std::string("other exception: ") + e.what();
+    }
+    std::ofstream(dir + "/rank-" + std::to_string(s.global_rank())) << got;
+    s.barrier("after the refused save");
+  }
+  std::string dir;
+};
+
+}  // namespace
+
+TEST(Strategies, StorageOptionsAreRefusedOnEveryRankAndNothingIsWritten) {
+  TempDir dir;
+  SavesWithStorageOptions m(dir.path);
+  Trainer t(opts(dir.path, "xla", "xla", 2).max_steps(1).enable_checkpointing(false).logger(false));
+  t.fit(m, loader(16, 4));
+  for (int r : {0, 1}) {
+    const std::string got = fulgur::testing::read_file(dir.path + "/rank-" + std::to_string(r));
+    EXPECT_EQ(got.rfind("invalid_argument: ", 0), 0u) << "rank " << r << ": " << got;
+    EXPECT_NE(got.find("storage_options"), std::string::npos) << "rank " << r << ": " << got;
+    EXPECT_NE(got.find("compress"), std::string::npos) << "rank " << r << ": " << got;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/x.ckpt"));
+}

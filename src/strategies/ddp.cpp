@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -241,6 +242,35 @@ void ParallelStrategy::barrier(const std::string& name) {
   if (collectives_) collectives_->barrier(name);
 }
 
+void ParallelStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
+                                       const StorageOptions& storage_options) {
+  if (!collectives_ || world_size() == 1) return Strategy::save_checkpoint(checkpoint, path, storage_options);
+  // Rank 0 writes; then every rank learns whether it failed, and why.
+  std::exception_ptr failure;
+  std::string kind, message;
+  if (is_global_zero()) {
+    try {
+      checkpoint_io().save_checkpoint(checkpoint, path, storage_options);
+    } catch (const std::invalid_argument& e) {
+      failure = std::current_exception();
+      kind = "invalid_argument";
+      message = e.what();
+    } catch (const std::exception& e) {
+      failure = std::current_exception();
+      kind = "error";
+      message = e.what();
+    }
+  }
+  const c10::IValue outcome = collectives_->broadcast_object(c10::ivalue::Tuple::create({kind, message}), 0);
+  if (failure) std::rethrow_exception(failure);
+  const auto& parts = outcome.toTupleRef().elements();
+  const std::string& remote_kind = parts.at(0).toStringRef();
+  if (remote_kind.empty()) return;
+  const std::string what = "save_checkpoint('" + path + "') failed on rank 0, which writes: " + parts.at(1).toStringRef();
+  if (remote_kind == "invalid_argument") throw std::invalid_argument(what);
+  throw std::runtime_error(what);
+}
+
 std::shared_ptr<BatchSource> ParallelStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {
   auto dl = std::dynamic_pointer_cast<DataLoader>(loader);
   if (!dl || world_size() == 1) return loader;
@@ -317,7 +347,7 @@ std::shared_ptr<BatchSource> XLAStrategy::process_dataloader(std::shared_ptr<Bat
 void XLAStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
                                   const StorageOptions& storage_options) {
   mark_step();
-  Strategy::save_checkpoint(checkpoint, path, storage_options);
+  ParallelStrategy::save_checkpoint(checkpoint, path, storage_options);
 }
 
 void XLAStrategy::teardown() {
