@@ -431,3 +431,36 @@ TEST(Strategies, StorageOptionsAreRefusedOnEveryRankAndNothingIsWritten) {
   }
   EXPECT_FALSE(std::filesystem::exists(dir.path + "/x.ckpt"));
 }
+
+namespace {
+
+// reduce on an xla tensor, then a row of the result, detached (as logging
+// and AccumulateGrad detach): rank r holds rows [r, r+1], so the sum over 2
+// ranks is rows [1, 3].
+struct ReduceRows : TinyRegression {
+  void on_fit_start() override {
+    Strategy& s = trainer()->strategy();
+    const double r = static_cast<double>(s.global_rank());
+    auto x = torch::stack({torch::full({2}, r), torch::full({2}, r + 1)}).to(s.root_device());
+    const at::Tensor sum = s.reduce(x, "sum");
+    check(sum.device() == s.root_device(), "reduce keeps the device");
+    const at::Tensor row = sum[1].detach().to(torch::kCPU);
+    std::ostringstream got;
+    got << row.sizes();
+    check(row.sizes() == c10::IntArrayRef({2}) && torch::equal(row, torch::full({2}, 3.0f)),
+          "row 1 of the reduced sum must be [3, 3], got a tensor of shape " + got.str());
+  }
+};
+
+}  // namespace
+
+TEST(Strategies, ReduceOnXlaGivesATensorWhoseRowsReadRight) {
+  TempDir dir;
+  ReduceRows m;
+  Trainer t(opts(dir.path, "xla", "xla", 2).max_steps(1).enable_checkpointing(false).logger(false));
+  try {
+    t.fit(m, loader(16, 4));
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+}

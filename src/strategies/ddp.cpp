@@ -193,7 +193,10 @@ void ParallelStrategy::teardown() {
 at::Tensor ParallelStrategy::reduce(const at::Tensor& tensor, const std::string& reduce_op) {
   const ReduceOp op = parse_reduce_op(reduce_op);
   if (!collectives_) return Strategy::reduce(tensor, reduce_op);
-  at::Tensor out = tensor.detach().clone();
+  // Reduced on a CPU copy and moved back as a new tensor: a lazy tensor
+  // updated in place (all_reduce's copy_) gives wrong detached views in
+  // libtorch 1.13 (see AllGatherFn).
+  at::Tensor out = tensor.detach().to(torch::kCPU).clone();
   collectives_->all_reduce(out, op);
   return out.to(tensor.device());
 }
