@@ -145,6 +145,83 @@ TEST(Collectives, BarrierNamesMustAgree) {
   }
 }
 
+// 64 bytes in common, then "A" or "B": the names differ only after byte 63.
+TEST(Collectives, BarrierNamesDifferingAfterByte63AreAMismatch) {
+  const std::string common(64, 'n');
+  auto rs = run_ranks(2, [&](Collectives& c) { c.barrier(common + (c.rank() == 0 ? "A" : "B")); });
+  for (size_t r = 0; r < rs.size(); ++r) {
+    EXPECT_FALSE(rs[r].exited_ok()) << "rank " << r << " passed a barrier whose name differs from rank "
+                                    << (1 - r) << "'s";
+    EXPECT_NE(rs[r].error.find("barrier('" + common + "A')"), std::string::npos) << rs[r].error;
+    EXPECT_NE(rs[r].error.find("barrier('" + common + "B')"), std::string::npos) << rs[r].error;
+  }
+  // The same long name on every rank is one barrier.
+  expect_all_ok(run_ranks(3, [&](Collectives& c) { c.barrier(common + common + "end"); }));
+}
+
+TEST(Collectives, BarrierTimeoutNamesTheBarrier) {
+  auto rs = run_ranks(
+      2,
+      [](Collectives& c) {
+        c.barrier("first");
+        if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(4));
+        c.barrier("late-barrier");
+      },
+      30, std::chrono::milliseconds(1500));
+  EXPECT_NE(rs[0].error.find("timed out"), std::string::npos) << rs[0].error;
+  EXPECT_NE(rs[0].error.find("did not arrive: [1]"), std::string::npos) << rs[0].error;
+  for (const auto& r : rs) EXPECT_NE(r.error.find("barrier('late-barrier')"), std::string::npos) << r.error;
+}
+
+// Tensors of more than 8 dimensions: equal shapes reduce; shapes that differ
+// give every rank, at once, the same error naming each rank's full shape.
+TEST(Collectives, NineDimensionalTensorsReduceAndTheirMismatchesNameRankAndShape) {
+  const std::vector<int64_t> nine{1, 1, 1, 1, 1, 1, 1, 1, 2};
+  expect_all_ok(run_ranks(2, [&](Collectives& c) {
+    auto t = torch::full(nine, static_cast<double>(c.rank() + 1));
+    c.all_reduce(t, ReduceOp::kSum);
+    require(t.sizes() == c10::IntArrayRef(nine) && t.eq(3.0).all().item<bool>(), "9-dim sum is 1 + 2");
+    auto g = c.all_gather(torch::full(nine, static_cast<double>(c.rank())));
+    require(g.dim() == 10 && g[1].eq(1.0).all().item<bool>(), "9-dim all_gather");
+  }));
+  const auto start = std::chrono::steady_clock::now();
+  // Rank 1 alone passes 9 dimensions (the last one differs from rank 0's too).
+  auto rs = run_ranks(
+      2,
+      [&](Collectives& c) {
+        auto t = c.rank() == 1 ? torch::ones({1, 1, 1, 1, 1, 1, 1, 1, 3}) : torch::ones({1, 1, 1, 1, 1, 1, 1, 1});
+        c.all_reduce(t, ReduceOp::kSum);
+      },
+      60, std::chrono::milliseconds(10000));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 8.0)
+      << "every rank must learn of the bad shape at once, not after the 10 s timeout";
+  for (size_t r = 0; r < rs.size(); ++r) {
+    EXPECT_TRUE(WIFEXITED(rs[r].status) && !rs[r].exited_ok()) << "rank " << r;
+    EXPECT_EQ(rs[r].error, rs[0].error) << "rank " << r << " got another error than rank 0";
+    EXPECT_NE(rs[r].error.find("rank 1 called all_reduce of Float[1, 1, 1, 1, 1, 1, 1, 1, 3]"), std::string::npos)
+        << rs[r].error;
+    EXPECT_NE(rs[r].error.find("rank 0 called all_reduce of Float[1, 1, 1, 1, 1, 1, 1, 1]"), std::string::npos)
+        << rs[r].error;
+  }
+}
+
+// A src out of range on one rank only: every rank hears of it at once.
+TEST(Collectives, BadSrcOnOneRankIsAnErrorOnEveryRank) {
+  const auto start = std::chrono::steady_clock::now();
+  auto rs = run_ranks(
+      2,
+      [](Collectives& c) {
+        auto t = torch::ones({2});
+        c.broadcast(t, c.rank() == 1 ? 5 : 0);
+      },
+      60, std::chrono::milliseconds(10000));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 8.0);
+  for (const auto& r : rs) {
+    EXPECT_NE(r.error.find("(src=0)"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("(src=5)"), std::string::npos) << r.error;
+  }
+}
+
 TEST(Collectives, HungRankTimesOutNamingCollectiveAndRank) {
   const auto start = std::chrono::steady_clock::now();
   auto rs = run_ranks(

@@ -43,6 +43,15 @@ TEST(Options, BadDevices) {
   expect_invalid([] { Trainer t(TrainerOptions().accelerator("cpu").devices(0)); }, {"devices='0'"});
 }
 
+// The spec and reliability item 13: negatives are refused, -1 included, on
+// both accelerators (-1 is not Lightning's "all devices"; that is "auto").
+TEST(Options, MinusOneDevicesIsRefusedOnEveryAccelerator) {
+  expect_invalid([] { parse_devices("-1", XLAAccelerator()); }, {"devices='-1'", "negative", "accelerator xla", "\"auto\""});
+  expect_invalid([] { parse_devices("-1", CPUAccelerator()); }, {"devices='-1'", "negative", "accelerator cpu", "\"auto\""});
+  expect_invalid([] { Trainer t(TrainerOptions().accelerator("xla").devices("-1")); }, {"devices='-1'", "negative"});
+  expect_invalid([] { Trainer t(TrainerOptions().accelerator("cpu").devices("-1")); }, {"devices='-1'", "negative"});
+}
+
 TEST(Options, XlaNumDevicesDecidesAuto) {
   setenv("XLA_NUM_DEVICES", "3", 1);
   EXPECT_EQ(parse_devices("auto", XLAAccelerator()).size(), 3u);

@@ -16,6 +16,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 using namespace fulgur;
@@ -270,4 +271,196 @@ TEST(Launcher, ForkedWorkerRunsParallelOpsAfterTheParentDid) {
   }
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
   EXPECT_EQ(fulgur::testing::read_file(record), "2 8388608") << "the worker ran its parallel op with 2 threads";
+}
+
+namespace {
+
+// Checks all_gather(x, sync_grads=true) in the workers. On rank q, x is
+// (q+1)*ones(2) on the strategy's device and the loss is
+// (q+1) * sum_k (k+1) * sum(gathered[k]). Its gradient for row k is
+// (q+1)(k+1); the backward sums, over q, what flows into this rank's row r:
+// x.grad = (r+1) * (1 + ... + N) = (r+1) N(N+1)/2. N=2: rank 0 gets 3, rank 1
+// gets 6; N=3: 6, 12, 18. The gathered values are also checked: row k = k+1.
+struct GatherGrads : TinyRegression {
+  void on_fit_start() override {
+    Strategy& s = trainer()->strategy();
+    const int64_t n = s.world_size();
+    const double r = static_cast<double>(s.global_rank());
+    const c10::Device dev = s.root_device();
+    auto x = torch::full({2}, r + 1, torch::TensorOptions().device(dev).requires_grad(true));
+    auto gathered = s.all_gather(x, true);
+    check(gathered.sizes() == c10::IntArrayRef({n, 2}), "gathered shape");
+    check(gathered.device() == dev, "gathered on " + gathered.device().str());
+    auto rows = torch::arange(1, n + 1, torch::kFloat32).view({n, 1});
+    check(torch::equal(gathered.detach().to(torch::kCPU), rows.expand({n, 2})), "gathered rows are k+1");
+    ((gathered * rows.to(dev)).sum() * (r + 1)).backward();
+    const at::Tensor grad = x.grad().to(torch::kCPU).contiguous();
+    const double want = (r + 1) * n * (n + 1) / 2.0;
+    std::ostringstream got;
+    got << "shape " << grad.sizes() << ", numel of storage " << grad.storage().nbytes() / sizeof(float) << ", data";
+    for (int64_t i = 0; i < grad.numel(); ++i) got << " " << grad.data_ptr<float>()[i];
+    check(grad.sizes() == c10::IntArrayRef({2}) && grad.storage().nbytes() == 2 * sizeof(float) &&
+              torch::equal(grad, torch::full({2}, static_cast<float>(want))),
+          "rank " + std::to_string(s.global_rank()) + " of " + std::to_string(n) + ": x.grad must be " +
+              std::to_string(want) + " " + std::to_string(want) + ", got " + got.str());
+  }
+};
+
+void expect_gather_grads(const std::string& accelerator, int world) {
+  TempDir dir;
+  std::vector<int64_t> devices;
+  for (int i = 0; i < world; ++i) devices.push_back(i);
+  // A strategy object: a 2-core machine has 2 cpu devices, and these ranks need no cores of their own.
+  std::shared_ptr<Strategy> strategy;
+  if (accelerator == "xla") {
+    strategy = std::make_shared<XLAStrategy>(devices);
+  } else {
+    strategy = std::make_shared<DDPStrategy>(std::make_shared<CPUAccelerator>(), devices);
+  }
+  GatherGrads m;
+  Trainer t(TrainerOptions().strategy_object(strategy).max_steps(1).default_root_dir(dir.path)
+                .enable_progress_bar(false).enable_checkpointing(false).logger(false).num_sanity_val_steps(0));
+  try {
+    t.fit(m, loader(16, 4));
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << accelerator << ", " << world << " workers: " << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(Strategies, AllGatherSyncGradsGivesEachRankItsSummedSliceOnCpu) {
+  expect_gather_grads("cpu", 2);
+  expect_gather_grads("cpu", 3);
+}
+
+TEST(Strategies, AllGatherSyncGradsGivesEachRankItsSummedSliceOnXla) {
+  expect_gather_grads("xla", 2);
+  expect_gather_grads("xla", 3);
+}
+
+namespace {
+
+// Broadcasts, from each src, a cpu tensor and a tensor on the xla device, at
+// the top level and inside a dict, a list and a tuple. Every rank must get
+// src's values (src's rank number), each tensor on the device it started on.
+struct BroadcastDevices : TinyRegression {
+  void on_fit_start() override {
+    Strategy& s = trainer()->strategy();
+    const c10::Device dev = s.root_device();
+    check(dev.type() == c10::kLazy, "root device is lazy, got " + dev.str());
+    const double r = static_cast<double>(s.global_rank());
+    const std::string me = "rank " + std::to_string(s.global_rank());
+    for (int64_t src : {0, 1}) {
+      const auto cpu_t = torch::full({2}, r);
+      const auto dev_t = torch::full({3}, r, torch::TensorOptions().device(dev));
+      auto expect = [&](const c10::IValue& v, const c10::Device& want, int64_t numel, const std::string& where) {
+        check(v.isTensor(), me + ": " + where + " is not a tensor");
+        const at::Tensor t = v.toTensor();
+        check(t.device() == want, me + ": " + where + " from src " + std::to_string(src) + " came back on " +
+                                      t.device().str() + ", started on " + want.str());
+        check(t.numel() == numel && t.to(torch::kCPU).eq(static_cast<double>(src)).all().item<bool>(),
+              me + ": " + where + " holds src's values");
+      };
+      expect(s.broadcast(cpu_t, src), c10::Device(c10::kCPU), 2, "a top-level cpu tensor");
+      expect(s.broadcast(dev_t, src), dev, 3, "a top-level xla tensor");
+      auto d = make_dict();
+      d.insert("cpu", cpu_t);
+      d.insert("xla", dev_t);
+      auto dict = c10::impl::toTypedDict<std::string, c10::IValue>(s.broadcast(d, src).toGenericDict());
+      expect(dict.at("cpu"), c10::Device(c10::kCPU), 2, "dict['cpu']");
+      expect(dict.at("xla"), dev, 3, "dict['xla']");
+      c10::List<at::Tensor> list({cpu_t, dev_t});
+      auto l = s.broadcast(list, src).toList();
+      expect(l.get(0), c10::Device(c10::kCPU), 2, "list[0] (cpu)");
+      expect(l.get(1), dev, 3, "list[1] (xla)");
+      auto tuple = s.broadcast(c10::ivalue::Tuple::create({cpu_t, dev_t}), src).toTuple();
+      expect(tuple->elements()[0], c10::Device(c10::kCPU), 2, "tuple[0] (cpu)");
+      expect(tuple->elements()[1], dev, 3, "tuple[1] (xla)");
+    }
+  }
+};
+
+}  // namespace
+
+TEST(Strategies, BroadcastKeepsEachTensorOnTheDeviceItStartedOn) {
+  TempDir dir;
+  BroadcastDevices m;
+  Trainer t(opts(dir.path, "xla", "xla", 2).max_steps(1).enable_checkpointing(false).logger(false));
+  try {
+    t.fit(m, loader(16, 4));
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+}
+
+namespace {
+
+// Every rank saves with storage_options, which the XLA CheckpointIO refuses,
+// and records what it got in <dir>/rank-<r>.
+struct SavesWithStorageOptions : TinyRegression {
+  explicit SavesWithStorageOptions(std::string dir) : dir(std::move(dir)) {}
+  void on_fit_start() override {
+    Strategy& s = trainer()->strategy();
+    std::string got = "returned normally";
+    try {
+      s.save_checkpoint(trainer()->dump_checkpoint(), dir + "/x.ckpt", {{"compress", "1"}});
+    } catch (const std::invalid_argument& e) {
+      got = std::string("invalid_argument: ") + e.what();
+    } catch (const std::exception& e) {
+      got = std::string("other exception: ") + e.what();
+    }
+    std::ofstream(dir + "/rank-" + std::to_string(s.global_rank())) << got;
+    s.barrier("after the refused save");
+  }
+  std::string dir;
+};
+
+}  // namespace
+
+TEST(Strategies, StorageOptionsAreRefusedOnEveryRankAndNothingIsWritten) {
+  TempDir dir;
+  SavesWithStorageOptions m(dir.path);
+  Trainer t(opts(dir.path, "xla", "xla", 2).max_steps(1).enable_checkpointing(false).logger(false));
+  t.fit(m, loader(16, 4));
+  for (int r : {0, 1}) {
+    const std::string got = fulgur::testing::read_file(dir.path + "/rank-" + std::to_string(r));
+    EXPECT_EQ(got.rfind("invalid_argument: ", 0), 0u) << "rank " << r << ": " << got;
+    EXPECT_NE(got.find("storage_options"), std::string::npos) << "rank " << r << ": " << got;
+    EXPECT_NE(got.find("compress"), std::string::npos) << "rank " << r << ": " << got;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/x.ckpt"));
+}
+
+namespace {
+
+// reduce on an xla tensor, then a row of the result, detached (as logging
+// and AccumulateGrad detach): rank r holds rows [r, r+1], so the sum over 2
+// ranks is rows [1, 3].
+struct ReduceRows : TinyRegression {
+  void on_fit_start() override {
+    Strategy& s = trainer()->strategy();
+    const double r = static_cast<double>(s.global_rank());
+    auto x = torch::stack({torch::full({2}, r), torch::full({2}, r + 1)}).to(s.root_device());
+    const at::Tensor sum = s.reduce(x, "sum");
+    check(sum.device() == s.root_device(), "reduce keeps the device");
+    const at::Tensor row = sum[1].detach().to(torch::kCPU);
+    std::ostringstream got;
+    got << row.sizes();
+    check(row.sizes() == c10::IntArrayRef({2}) && torch::equal(row, torch::full({2}, 3.0f)),
+          "row 1 of the reduced sum must be [3, 3], got a tensor of shape " + got.str());
+  }
+};
+
+}  // namespace
+
+TEST(Strategies, ReduceOnXlaGivesATensorWhoseRowsReadRight) {
+  TempDir dir;
+  ReduceRows m;
+  Trainer t(opts(dir.path, "xla", "xla", 2).max_steps(1).enable_checkpointing(false).logger(false));
+  try {
+    t.fit(m, loader(16, 4));
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
 }

@@ -567,3 +567,57 @@ TEST(FusedOptimizer, LeavesOtherOptimizersAndTensorsToLibtorch) {
   EXPECT_TRUE(fulgur::detail::fused_optimizer_step(adam));
   EXPECT_FALSE(torch::equal(before, p.detach()));
 }
+
+namespace {
+
+// A user's Adam with its own step(): it counts, then steps as Adam does.
+struct MyAdam : torch::optim::Adam {
+  using torch::optim::Adam::Adam;
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    ++steps;
+    return torch::optim::Adam::step(std::move(closure));
+  }
+  int steps = 0;
+};
+
+struct MyAdamW : torch::optim::AdamW {
+  using torch::optim::AdamW::AdamW;
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    ++steps;
+    return torch::optim::AdamW::step(std::move(closure));
+  }
+  int steps = 0;
+};
+
+template <typename Opt>
+struct WithOptimizer : fulgur::testing::TinyRegression {
+  OptimizerConfig configure_optimizers() override {
+    opt = std::make_shared<Opt>(parameters(), 1e-2);
+    return opt;
+  }
+  std::shared_ptr<Opt> opt;
+};
+
+template <typename Opt>
+int steps_of_a_fit() {
+  fulgur::testing::TempDir dir;
+  WithOptimizer<Opt> m;
+  Trainer t(TrainerOptions().accelerator("cpu").devices(1).max_steps(3).default_root_dir(dir.path)
+                .enable_progress_bar(false).enable_checkpointing(false).logger(false).num_sanity_val_steps(0));
+  t.fit(m, std::make_shared<DataLoader>(fulgur::testing::regression_data(32), DataLoaderOptions(4)));
+  return m.opt->steps;
+}
+
+}  // namespace
+
+// The fused step is for libtorch's own Adam and AdamW only: a subclass's step() runs.
+TEST(FusedOptimizer, LeavesSubclassesOfAdamToTheirOwnStep) {
+  auto p = torch::randn({4}, torch::requires_grad());
+  p.mutable_grad() = torch::ones({4});
+  MyAdam adam({p}, 0.1);
+  EXPECT_FALSE(fulgur::detail::fused_optimizer_step(adam));
+  MyAdamW adamw({p}, 0.1);
+  EXPECT_FALSE(fulgur::detail::fused_optimizer_step(adamw));
+  EXPECT_EQ(steps_of_a_fit<MyAdam>(), 3);
+  EXPECT_EQ(steps_of_a_fit<MyAdamW>(), 3);
+}

@@ -80,9 +80,8 @@ std::vector<int64_t> parse_devices(const std::string& spec_in, const Accelerator
                                  allowed);
   };
   std::vector<int64_t> out;
-  if (spec == "auto" || spec == "-1") {
+  if (spec == "auto") {
     const int64_t n = accelerator.auto_device_count();
-    if (spec == "-1" && accelerator.name() == "cpu") throw bad("is negative");
     for (int64_t i = 0; i < n; ++i) out.push_back(i);
     return out;
   }

@@ -34,19 +34,23 @@ ReduceOp parse_reduce_op(const std::string& name) {
 
 namespace {
 
-// What every rank announces before a checked collective. A fixed-size byte
+// What every rank announces before a checked collective: a fixed-size byte
 // record, gathered from all ranks, so that ranks disagreeing on the
 // collective, the shape, the dtype or the barrier name fail with a message
-// instead of corrupting memory or aborting inside Gloo.
-constexpr int kMaxDims = 8;
-constexpr int kNameBytes = 64;
+// instead of corrupting memory or aborting inside Gloo. It holds the first
+// kInlineDims dimensions and kInlineName bytes of the name; when some rank has
+// more, a second gather carries every rank's full shape and name, so neither
+// is limited and all of it is compared.
+constexpr int kInlineDims = 8;
+constexpr int kInlineName = 64;
 struct Meta {
   int64_t op;
   int64_t dtype;
   int64_t ndim;
-  int64_t dims[kMaxDims];
+  int64_t dims[kInlineDims];
   int64_t extra;  // src for broadcasts
-  char name[kNameBytes];
+  int64_t name_len;
+  char name[kInlineName];
 };
 static_assert(sizeof(Meta) % 8 == 0, "Meta must be a whole number of int64");
 
@@ -63,47 +67,76 @@ const char* op_name(int64_t op) {
   return "unknown collective";
 }
 
-std::string describe(const Meta& m) {
+// One rank's collective call, whole.
+struct Call {
+  int64_t op = 0;
+  int64_t dtype = 0;
+  int64_t extra = 0;
+  std::vector<int64_t> dims;
+  std::string name;
+};
+
+Call make_call(int64_t op, const at::Tensor* t, int64_t extra, const std::string& name) {
+  Call c;
+  c.op = op;
+  c.extra = extra;
+  c.name = name;
+  if (t) {
+    c.dtype = static_cast<int64_t>(t->scalar_type());
+    c.dims = t->sizes().vec();
+  }
+  return c;
+}
+
+std::string describe(const Call& c) {
   std::ostringstream os;
-  if (m.op == kBarrier) {
-    os << "barrier('" << std::string(m.name, strnlen(m.name, kNameBytes)) << "')";
+  if (c.op == kBarrier) {
+    os << "barrier('" << c.name << "')";
     return os.str();
   }
-  os << op_name(m.op);
-  if (m.op == kBroadcastObject) {
-    os << "(src=" << m.extra << ")";
+  os << op_name(c.op);
+  if (c.op == kBroadcastObject) {
+    os << "(src=" << c.extra << ")";
     return os.str();
   }
-  os << " of " << c10::toString(static_cast<c10::ScalarType>(m.dtype)) << "[";
-  for (int64_t i = 0; i < m.ndim && i < kMaxDims; ++i) os << (i ? ", " : "") << m.dims[i];
+  os << " of " << c10::toString(static_cast<c10::ScalarType>(c.dtype)) << "[";
+  for (size_t i = 0; i < c.dims.size(); ++i) os << (i ? ", " : "") << c.dims[i];
   os << "]";
-  if (m.op == kBroadcast) os << " (src=" << m.extra << ")";
+  if (c.op == kBroadcast) os << " (src=" << c.extra << ")";
   return os.str();
 }
 
-bool same(const Meta& a, const Meta& b) {
+bool same(const Call& a, const Call& b) {
   if (a.op != b.op || a.extra != b.extra) return false;
-  if (a.op == kBarrier) return std::strncmp(a.name, b.name, kNameBytes) == 0;
+  if (a.op == kBarrier) return a.name == b.name;
   if (a.op == kBroadcastObject) return true;
-  if (a.dtype != b.dtype || a.ndim != b.ndim) return false;
-  for (int64_t i = 0; i < a.ndim && i < kMaxDims; ++i)
-    if (a.dims[i] != b.dims[i]) return false;
-  return true;
+  return a.dtype == b.dtype && a.dims == b.dims;
 }
 
-Meta make_meta(int64_t op, const at::Tensor* t, int64_t extra, const std::string& name) {
+Meta make_meta(const Call& c) {
   Meta m{};
-  m.op = op;
-  m.extra = extra;
-  if (t) {
-    m.dtype = static_cast<int64_t>(t->scalar_type());
-    m.ndim = t->dim();
-    if (t->dim() > kMaxDims) throw std::invalid_argument(std::string(op_name(op)) + ": tensors of more than 8 dimensions are not supported");
-    for (int64_t i = 0; i < t->dim(); ++i) m.dims[i] = t->size(i);
-  }
-  std::strncpy(m.name, name.c_str(), kNameBytes - 1);
+  m.op = c.op;
+  m.dtype = c.dtype;
+  m.extra = c.extra;
+  m.ndim = static_cast<int64_t>(c.dims.size());
+  for (size_t i = 0; i < c.dims.size() && i < kInlineDims; ++i) m.dims[i] = c.dims[i];
+  m.name_len = static_cast<int64_t>(c.name.size());
+  std::memcpy(m.name, c.name.data(), std::min<size_t>(c.name.size(), kInlineName));
   return m;
 }
+
+// The call a Meta describes when it holds all of it (no second gather).
+Call from_meta(const Meta& m) {
+  Call c;
+  c.op = m.op;
+  c.dtype = m.dtype;
+  c.extra = m.extra;
+  c.dims.assign(m.dims, m.dims + std::min<int64_t>(m.ndim, kInlineDims));
+  c.name.assign(m.name, std::min<int64_t>(m.name_len, kInlineName));
+  return c;
+}
+
+bool fits_inline(const Meta& m) { return m.ndim <= kInlineDims && m.name_len <= kInlineName; }
 
 ::c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
@@ -185,7 +218,7 @@ class GlooCollectives : public Collectives {
   int64_t world_size() const override { return opts_.world_size; }
 
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
-    check(make_meta(kAllReduce, &tensor, 0, ""));
+    check(make_call(kAllReduce, &tensor, 0, ""));
     at::Tensor cpu = staged(tensor);
     if (op == ReduceOp::kMean && !cpu.is_floating_point()) cpu = cpu.to(torch::kFloat64);
     std::vector<at::Tensor> ts{cpu};
@@ -203,7 +236,7 @@ class GlooCollectives : public Collectives {
   std::unique_ptr<PendingReduce> all_reduce_async(at::Tensor& tensor, ReduceOp op) override {
     if (!tensor.device().is_cpu()) throw std::invalid_argument("all_reduce_async needs a CPU tensor, got " + tensor.device().str());
     if (op == ReduceOp::kMean) throw std::invalid_argument("all_reduce_async: Gloo has no mean; use kSum and divide");
-    if (opts_.debug) check(make_meta(kAllReduce, &tensor, 0, "async"));
+    if (opts_.debug) check(make_call(kAllReduce, &tensor, 0, "async"));
     ensure_alive("all_reduce");
     std::vector<at::Tensor> ts{tensor};
     ::c10d::AllreduceOptions ao;
@@ -213,7 +246,7 @@ class GlooCollectives : public Collectives {
   }
 
   at::Tensor all_gather(const at::Tensor& tensor) override {
-    check(make_meta(kAllGather, &tensor, 0, ""));
+    check(make_call(kAllGather, &tensor, 0, ""));
     at::Tensor cpu = staged(tensor).contiguous();
     std::vector<std::vector<at::Tensor>> out(1);
     for (int64_t r = 0; r < opts_.world_size; ++r) out[0].push_back(torch::empty_like(cpu));
@@ -223,14 +256,16 @@ class GlooCollectives : public Collectives {
   }
 
   void broadcast(at::Tensor& tensor, int64_t src) override {
+    // After the check, which compares src: a src out of range on one rank is
+    // then an error on every rank.
+    check(make_call(kBroadcast, &tensor, src, ""));
     check_src(src, "broadcast");
-    check(make_meta(kBroadcast, &tensor, src, ""));
     broadcast_unchecked(tensor, src);
   }
 
   c10::IValue broadcast_object(const c10::IValue& value, int64_t src) override {
+    check(make_call(kBroadcastObject, nullptr, src, ""));
     check_src(src, "broadcast_object");
-    check(make_meta(kBroadcastObject, nullptr, src, ""));
     std::vector<char> bytes;
     if (opts_.rank == src) bytes = torch::pickle_save(value);
     auto len = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
@@ -253,7 +288,7 @@ class GlooCollectives : public Collectives {
     }
   }
 
-  void barrier(const std::string& name) override { check(make_meta(kBarrier, nullptr, 0, name)); }
+  void barrier(const std::string& name) override { check(make_call(kBarrier, nullptr, 0, name)); }
 
   void shutdown() override {
     pg_.reset();
@@ -261,7 +296,7 @@ class GlooCollectives : public Collectives {
     dead_ = "the process group was shut down";
   }
 
-  [[noreturn]] void fail(const char* what, int64_t seq, const std::exception& e) {
+  [[noreturn]] void fail(const std::string& what, int64_t seq, const std::exception& e) {
     const std::string cause = first_line(e.what());
     const bool timeout = cause.find("imed out") != std::string::npos || cause.find("imeout") != std::string::npos;
     // Closing this rank's connections first makes the live ranks that wait on
@@ -367,8 +402,8 @@ class GlooCollectives : public Collectives {
     }
   }
 
-  void ensure_alive(const char* what) {
-    if (!dead_.empty()) throw CollectiveError(std::string(what) + ": " + dead_);
+  void ensure_alive(const std::string& what) {
+    if (!dead_.empty()) throw CollectiveError(what + ": " + dead_);
   }
 
   void check_src(int64_t src, const char* what) {
@@ -382,7 +417,7 @@ class GlooCollectives : public Collectives {
   static at::Tensor staged(const at::Tensor& t) { return t.device().is_cpu() ? t : t.to(torch::kCPU); }
 
   template <typename F>
-  void run(const char* what, F&& start) {
+  void run(const std::string& what, F&& start) {
     ensure_alive(what);
     const int64_t seq = ++seq_;
     try {
@@ -401,29 +436,69 @@ class GlooCollectives : public Collectives {
     if (!cpu.is_same(tensor)) tensor.copy_(cpu.to(tensor.device()));
   }
 
-  // Gathers every rank's Meta; throws the same error on every rank if they differ.
-  void check(const Meta& mine) {
+  // Gathers every rank's call; throws the same error on every rank if they
+  // differ. Failures of the gather itself name the call (a barrier by name).
+  void check(const Call& mine) {
+    const std::string label = mine.op == kBarrier ? describe(mine) : op_name(mine.op);
     if (opts_.debug) std::cerr << "[fulgur debug] rank " << opts_.rank << ": " << describe(mine) << std::endl;
     if (opts_.world_size == 1) return;
-    const int64_t n = sizeof(Meta) / 8;
-    auto in = torch::empty({n}, torch::kInt64);
-    std::memcpy(in.data_ptr(), &mine, sizeof(Meta));
-    std::vector<std::vector<at::Tensor>> out(1);
-    for (int64_t r = 0; r < opts_.world_size; ++r) out[0].push_back(torch::empty({n}, torch::kInt64));
-    std::vector<at::Tensor> ins{in};
-    run(mine.op == kBarrier ? "barrier" : op_name(mine.op), [&] { return pg_->allgather(out, ins); });
+    const Meta meta = make_meta(mine);
+    const std::vector<at::Tensor> metas = gather_bytes(label, &meta, sizeof(Meta));
     std::vector<Meta> all(opts_.world_size);
-    for (int64_t r = 0; r < opts_.world_size; ++r) std::memcpy(&all[r], out[0][r].data_ptr(), sizeof(Meta));
+    for (int64_t r = 0; r < opts_.world_size; ++r) std::memcpy(&all[r], metas[r].data_ptr(), sizeof(Meta));
+    std::vector<Call> calls;
+    if (std::all_of(all.begin(), all.end(), fits_inline)) {
+      for (const auto& m : all) calls.push_back(from_meta(m));
+    } else {
+      calls = gather_full_calls(label, mine, all);
+    }
     for (int64_t r = 1; r < opts_.world_size; ++r) {
-      if (same(all[0], all[r])) continue;
+      if (same(calls[0], calls[r])) continue;
       std::ostringstream os;
-      os << "ranks disagree on the collective: rank 0 called " << describe(all[0]) << ", rank " << r << " called "
-         << describe(all[r]);
-      if (all[0].op == all[r].op && all[0].op != kBarrier && all[0].op != kBroadcastObject) {
+      os << "ranks disagree on the collective: rank 0 called " << describe(calls[0]) << ", rank " << r << " called "
+         << describe(calls[r]);
+      if (calls[0].op == calls[r].op && calls[0].op != kBarrier && calls[0].op != kBroadcastObject) {
         os << " (every rank must pass the same shape and dtype)";
       }
       throw CollectiveError(os.str());
     }
+  }
+
+  // Every rank's `n` bytes at `data` (n is the same on every rank).
+  std::vector<at::Tensor> gather_bytes(const std::string& label, const void* data, size_t n) {
+    const int64_t words = static_cast<int64_t>((n + 7) / 8);
+    auto in = torch::zeros({words}, torch::kInt64);
+    std::memcpy(in.data_ptr(), data, n);
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int64_t r = 0; r < opts_.world_size; ++r) out[0].push_back(torch::empty({words}, torch::kInt64));
+    std::vector<at::Tensor> ins{in};
+    run(label, [&] { return pg_->allgather(out, ins); });
+    return out[0];
+  }
+
+  // The second gather, when some rank's shape or name did not fit in its
+  // Meta: each rank sends all its dimensions, then all of its name, padded to
+  // the size every rank computes from the Metas.
+  std::vector<Call> gather_full_calls(const std::string& label, const Call& mine, const std::vector<Meta>& all) {
+    size_t longest = 0;
+    for (const auto& m : all) {
+      if (m.ndim < 0 || m.name_len < 0) throw CollectiveError(label + ": a rank sent a corrupt collective record");
+      longest = std::max(longest, static_cast<size_t>(m.ndim) * 8 + static_cast<size_t>(m.name_len));
+    }
+    std::vector<char> buf(std::max<size_t>(longest, 1));
+    std::memcpy(buf.data(), mine.dims.data(), mine.dims.size() * 8);
+    std::memcpy(buf.data() + mine.dims.size() * 8, mine.name.data(), mine.name.size());
+    const std::vector<at::Tensor> full = gather_bytes(label, buf.data(), buf.size());
+    std::vector<Call> calls;
+    for (int64_t r = 0; r < opts_.world_size; ++r) {
+      Call c = from_meta(all[r]);
+      const char* p = static_cast<const char*>(full[r].data_ptr());
+      c.dims.resize(all[r].ndim);
+      std::memcpy(c.dims.data(), p, c.dims.size() * 8);
+      c.name.assign(p + c.dims.size() * 8, all[r].name_len);
+      calls.push_back(std::move(c));
+    }
+    return calls;
   }
 
   // After a failure: ranks that report within a short wait are alive and

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 namespace fulgur::detail {
@@ -128,9 +129,10 @@ bool step(torch::optim::Optimizer& opt, bool adamw) {
 
 bool fused_optimizer_step(torch::optim::Optimizer& optimizer) {
   if (!enabled()) return false;
-  if (dynamic_cast<torch::optim::AdamW*>(&optimizer))
+  // The exact types only: a subclass may have its own step(), which must run.
+  if (typeid(optimizer) == typeid(torch::optim::AdamW))
     return step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(optimizer, true);
-  if (dynamic_cast<torch::optim::Adam*>(&optimizer))
+  if (typeid(optimizer) == typeid(torch::optim::Adam))
     return step<torch::optim::AdamOptions, torch::optim::AdamParamState>(optimizer, false);
   return false;
 }

@@ -18,7 +18,7 @@
 namespace fulgur::detail {
 
 // Runs optimizer.step() fused when the optimizer is a torch::optim::Adam or
-// AdamW, and every parameter that has a gradient is a dense, contiguous
+// AdamW itself (not a subclass, whose own step() must run), and every parameter that has a gradient is a dense, contiguous
 // float32 CPU tensor whose gradient is the same. Returns false, having done
 // nothing, otherwise (the caller then calls optimizer.step()) or when
 // FULGUR_FUSED_OPTIMIZER=off.

@@ -11,6 +11,8 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <exception>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <stdexcept>
@@ -20,6 +22,12 @@ namespace {
 
 // all_gather whose backward sums, over ranks, the gradient flowing into this
 // rank's slice (torch.distributed.nn.functional.all_gather).
+//
+// The backward reduces a CPU copy and returns a tensor of its own, never a
+// view of the reduced buffer: AccumulateGrad detaches the gradient it keeps,
+// and in libtorch 1.13 the detached view of a lazy tensor that was updated
+// in place reads as its whole base (x.grad of shape [2] held the [world, 2]
+// sum). On the CPU a view would keep the [world, ...] buffer alive as x.grad.
 struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, Collectives* c) {
     ctx->saved_data["collectives"] = reinterpret_cast<int64_t>(c);
@@ -28,11 +36,34 @@ struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* c = reinterpret_cast<Collectives*>(ctx->saved_data["collectives"].toInt());
-    at::Tensor g = grads[0].contiguous().clone();
+    at::Tensor g = grads[0].to(torch::kCPU).contiguous().clone();
     c->all_reduce(g, ReduceOp::kSum);
-    return {g[c->rank()], at::Tensor()};
+    return {g.select(0, c->rank()).clone().to(grads[0].device()), at::Tensor()};
   }
 };
+
+// `value` with every tensor inside (dicts, lists, tuples, nested) replaced by
+// f(tensor), visited depth first in container order.
+c10::IValue visit_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f) {
+  if (v.isTensor()) return f(v.toTensor());
+  if (v.isGenericDict()) {
+    auto in = v.toGenericDict();
+    c10::impl::GenericDict d(in.keyType(), in.valueType());
+    for (const auto& kv : in) d.insert(kv.key(), visit_tensors(kv.value(), f));
+    return d;
+  }
+  if (v.isList()) {
+    c10::impl::GenericList l(v.toList().elementType());
+    for (const auto& e : v.toList()) l.push_back(visit_tensors(e, f));
+    return l;
+  }
+  if (v.isTuple()) {
+    std::vector<c10::IValue> items;
+    for (const auto& e : v.toTupleRef().elements()) items.push_back(visit_tensors(e, f));
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  return v;
+}
 
 bool env_set(const char* name) {
   const char* v = std::getenv(name);
@@ -162,7 +193,10 @@ void ParallelStrategy::teardown() {
 at::Tensor ParallelStrategy::reduce(const at::Tensor& tensor, const std::string& reduce_op) {
   const ReduceOp op = parse_reduce_op(reduce_op);
   if (!collectives_) return Strategy::reduce(tensor, reduce_op);
-  at::Tensor out = tensor.detach().clone();
+  // Reduced on a CPU copy and moved back as a new tensor: a lazy tensor
+  // updated in place (all_reduce's copy_) gives wrong detached views in
+  // libtorch 1.13 (see AllGatherFn).
+  at::Tensor out = tensor.detach().to(torch::kCPU).clone();
   collectives_->all_reduce(out, op);
   return out.to(tensor.device());
 }
@@ -179,27 +213,24 @@ c10::IValue ParallelStrategy::broadcast(const c10::IValue& value, int64_t src) {
   if (src < 0 || src >= world_size()) {
     throw std::invalid_argument("broadcast: src=" + std::to_string(src) + " is outside [0, " + std::to_string(world_size()) + ")");
   }
-  // Tensors travel as CPU tensors and come back on this rank's device.
-  c10::IValue out = collectives_->broadcast_object(to_cpu(value), src);
+  // Tensors travel as CPU tensors, with one flag each (in visiting order):
+  // whether it was on src's root device. Receivers put those on theirs and
+  // leave the others on the CPU, so every rank has each tensor where it started.
+  c10::List<int64_t> on_device;
+  visit_tensors(value, [&](const at::Tensor& t) {
+    on_device.push_back(t.device().is_cpu() ? 0 : 1);
+    return t;
+  });
+  c10::IValue out = collectives_->broadcast_object(c10::ivalue::Tuple::create({to_cpu(value), on_device}), src);
   if (global_rank() == src) return value;
+  const auto& parts = out.toTupleRef().elements();
+  const c10::List<int64_t> flags = parts.at(1).toIntList();
   const c10::Device dev = root_device();
-  if (dev.is_cpu()) return out;
-  std::function<c10::IValue(const c10::IValue&)> move = [&](const c10::IValue& v) -> c10::IValue {
-    if (v.isTensor()) return v.toTensor().to(dev);
-    if (v.isGenericDict()) {
-      auto in = v.toGenericDict();
-      c10::impl::GenericDict d(in.keyType(), in.valueType());
-      for (const auto& kv : in) d.insert(kv.key(), move(kv.value()));
-      return d;
-    }
-    if (v.isList()) {
-      c10::impl::GenericList l(v.toList().elementType());
-      for (const auto& e : v.toList()) l.push_back(move(e));
-      return l;
-    }
-    return v;
-  };
-  return move(out);
+  size_t i = 0;
+  return visit_tensors(parts.at(0), [&](const at::Tensor& t) {
+    if (i >= flags.size()) throw CollectiveError("broadcast: rank " + std::to_string(src) + " sent more tensors than flags");
+    return flags.get(i++) ? t.to(dev) : t;
+  });
 }
 
 bool ParallelStrategy::reduce_boolean_decision(bool decision, bool all) {
@@ -212,6 +243,35 @@ bool ParallelStrategy::reduce_boolean_decision(bool decision, bool all) {
 
 void ParallelStrategy::barrier(const std::string& name) {
   if (collectives_) collectives_->barrier(name);
+}
+
+void ParallelStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
+                                       const StorageOptions& storage_options) {
+  if (!collectives_ || world_size() == 1) return Strategy::save_checkpoint(checkpoint, path, storage_options);
+  // Rank 0 writes; then every rank learns whether it failed, and why.
+  std::exception_ptr failure;
+  std::string kind, message;
+  if (is_global_zero()) {
+    try {
+      checkpoint_io().save_checkpoint(checkpoint, path, storage_options);
+    } catch (const std::invalid_argument& e) {
+      failure = std::current_exception();
+      kind = "invalid_argument";
+      message = e.what();
+    } catch (const std::exception& e) {
+      failure = std::current_exception();
+      kind = "error";
+      message = e.what();
+    }
+  }
+  const c10::IValue outcome = collectives_->broadcast_object(c10::ivalue::Tuple::create({kind, message}), 0);
+  if (failure) std::rethrow_exception(failure);
+  const auto& parts = outcome.toTupleRef().elements();
+  const std::string& remote_kind = parts.at(0).toStringRef();
+  if (remote_kind.empty()) return;
+  const std::string what = "save_checkpoint('" + path + "') failed on rank 0, which writes: " + parts.at(1).toStringRef();
+  if (remote_kind == "invalid_argument") throw std::invalid_argument(what);
+  throw std::runtime_error(what);
 }
 
 std::shared_ptr<BatchSource> ParallelStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {
@@ -290,7 +350,7 @@ std::shared_ptr<BatchSource> XLAStrategy::process_dataloader(std::shared_ptr<Bat
 void XLAStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
                                   const StorageOptions& storage_options) {
   mark_step();
-  Strategy::save_checkpoint(checkpoint, path, storage_options);
+  ParallelStrategy::save_checkpoint(checkpoint, path, storage_options);
 }
 
 void XLAStrategy::teardown() {

@@ -56,7 +56,8 @@ std::shared_ptr<Accelerator> make_accelerator(const std::string& name);
 // Resolves the user's `devices` against an accelerator: an int N (the first
 // N devices), "auto", "N", a list "0,2", or explicit indices. Throws
 // std::invalid_argument naming the value and what is allowed for 0,
-// negatives, more than exist, duplicates or junk.
+// negatives, more than exist, duplicates or junk. -1 is a negative like any
+// other, on every accelerator (not Lightning's "all devices": say "auto").
 std::vector<int64_t> parse_devices(const std::string& spec, const Accelerator& accelerator);
 
 }  // namespace fulgur

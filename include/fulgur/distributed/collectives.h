@@ -3,6 +3,12 @@
 // every call is collective: all ranks must make the same calls in the same
 // order. Tensors may live on any device: they are staged through the CPU
 // when Gloo cannot take them.
+//
+// Checked calls (all but all_reduce_async) first gather from every rank what
+// it called: the collective, dtype, whole shape (any number of dimensions),
+// broadcast src, barrier name (any length, compared in full). Ranks that
+// disagree all get the same CollectiveError naming rank 0's call and the
+// first rank whose call differs, at once rather than after the timeout.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -86,10 +92,14 @@ class Collectives {
   // Returns [world_size, *tensor.shape]; shapes and dtypes must agree.
   virtual at::Tensor all_gather(const at::Tensor& tensor) = 0;
   // Rank `src`'s tensor replaces everyone's (same shape and dtype required).
+  // A src outside [0, world_size) is std::invalid_argument on every rank.
   virtual void broadcast(at::Tensor& tensor, int64_t src) = 0;
   // Any value a checkpoint can hold; length sent first, so sizes may differ.
   virtual c10::IValue broadcast_object(const c10::IValue& value, int64_t src) = 0;
-  // Blocks until all ranks arrive at a barrier of the same name.
+  // Blocks until all ranks arrive at a barrier of the same name. A timeout
+  // names the barrier ("barrier('epoch-end') (collective #7) timed out ...")
+  // and the ranks that did not arrive. Names longer than 64 bytes cost a
+  // second small gather.
   virtual void barrier(const std::string& name) = 0;
   // Leaves the group; later calls throw.
   virtual void shutdown() = 0;

@@ -61,6 +61,12 @@ class ParallelStrategy : public Strategy {
   // One all-reduce without the shape check (the trainer asks every step
   // whether a rank received a stop signal).
   bool reduce_boolean_decision(bool decision, bool all = true) override;
+  // Rank 0 writes; every rank must call. When rank 0's write fails (the
+  // CheckpointIO refuses storage_options, the disk is full), every rank
+  // throws: rank 0 its own exception, the others the same type
+  // (std::invalid_argument, else std::runtime_error) with rank 0's message.
+  void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
+                       const StorageOptions& storage_options = {}) override;
   // Gives a DataLoader a DistributedSampler for this rank.
   std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader) override;
 

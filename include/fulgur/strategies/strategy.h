@@ -80,6 +80,9 @@ class Strategy {
   c10::IValue reduce(const c10::IValue& value, const std::string& reduce_op = "mean");
   // [world_size, *tensor.shape]. With sync_grads the result is differentiable.
   virtual at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads = false);
+  // Rank src's value on every rank (tensors, numbers, strings, dicts, lists,
+  // tuples, nested). A tensor that was on the CPU on src is a CPU tensor on
+  // every rank; one on src's device is on each rank's root_device().
   virtual c10::IValue broadcast(const c10::IValue& value, int64_t src = 0);
   virtual void barrier(const std::string& name = "");
   // True on every rank if `decision` is true on all ranks (all=true) or on any.
