@@ -670,3 +670,125 @@ TEST(Resume, SchedulerCountIsRestoredWithoutReplay) {
     EXPECT_DOUBLE_EQ(b.lr(), c.lr()) << steps << " steps";
   }
 }
+
+namespace {
+
+// A port of this process's: a listening socket on loopback that never
+// accepts, as another program holding MASTER_PORT would be. The kernel
+// completes `backlog` connections to it (a server's usual queue: 128),
+// the later ones time out connecting.
+struct HeldPort {
+  explicit HeldPort(int backlog = 128) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, backlog) != 0) {
+      throw std::runtime_error(std::string("cannot hold a port: ") + std::strerror(errno));
+    }
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+  }
+  ~HeldPort() { ::close(fd); }
+  int fd = -1;
+  int port = 0;
+};
+
+// A loopback port nobody listens on right now.
+int unused_port() {
+  HeldPort p;
+  return p.port;
+}
+
+// The MNIST example as rank `rank` of 2 processes started by an outside
+// launcher (RANK, WORLD_SIZE, MASTER_PORT set), collective timeout `timeout_s`.
+std::unique_ptr<Child> outside_rank(int rank, int port, int timeout_s, const std::string& dir) {
+  const std::string out = dir + "/rank" + std::to_string(rank);
+  fs::create_directories(out);
+  std::vector<std::string> args = mnist_job(out + "/run", {"--collective-timeout", std::to_string(timeout_s)});
+  return std::make_unique<Child>(args, out,
+                                 std::vector<std::string>{"RANK=" + std::to_string(rank), "LOCAL_RANK=" + std::to_string(rank),
+                                                          "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                                                          "MASTER_PORT=" + std::to_string(port)});
+}
+
+}  // namespace
+
+// Issue 16, item 7: another program holds MASTER_PORT. Rank 0 cannot serve
+// the store and says so; rank 1, which reaches the other program's socket
+// instead of a store, fails too, within the collective timeout and a few
+// seconds (it used to wait without end, or abort on a std::system_error).
+TEST(Rendezvous, PortHeldByAnotherProgramFailsBothRanksWithinTheTimeout) {
+  TempDir dir;
+  HeldPort held;
+  const auto start = Clock::now();
+  auto rank0 = outside_rank(0, held.port, 4, dir.path);
+  auto rank1 = outside_rank(1, held.port, 4, dir.path);
+  const int code1 = rank1->wait(4 + 8);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const int code0 = rank0->wait(10);
+  EXPECT_EQ(code0, 1) << rank0->stderr_text();
+  EXPECT_THAT(rank0->stderr_text(), HasSubstr("port " + std::to_string(held.port)));
+  ASSERT_NE(code1, -1) << "rank 1 still waits " << seconds << " s after its start:\n" << rank1->stderr_text();
+  EXPECT_EQ(code1, 1) << rank1->stderr_text();
+  EXPECT_THAT(rank1->stderr_text(), HasSubstr("mnist: error: rendezvous: "));
+  EXPECT_THAT(rank1->stderr_text(), HasSubstr("127.0.0.1:" + std::to_string(held.port)));
+  std::printf("rank 1 ended after %.1f s:\n%s\n", seconds, rank1->stderr_text().c_str());
+}
+
+// The same with fulgur's launcher on two nodes of this machine: node 0
+// cannot serve the job's store; node 1's launcher and workers reach the
+// other program instead, and node 1 stops within the timeout and a few
+// seconds.
+TEST(Rendezvous, PortHeldByAnotherProgramStopsTheOtherNodeWithinTheTimeout) {
+  TempDir dir;
+  HeldPort held;
+  std::vector<std::unique_ptr<Child>> nodes;
+  const auto start = Clock::now();
+  for (int node = 0; node < 2; ++node) {
+    const std::string out = dir.path + "/node" + std::to_string(node);
+    fs::create_directories(out);
+    nodes.push_back(std::make_unique<Child>(
+        mnist_job(out + "/run", {"--num-nodes", "2", "--collective-timeout", "4"}), out,
+        std::vector<std::string>{"NODE_RANK=" + std::to_string(node), "MASTER_ADDR=127.0.0.1",
+                                 "MASTER_PORT=" + std::to_string(held.port)}));
+  }
+  const int code1 = nodes[1]->wait(4 + 10);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_NE(nodes[0]->wait(10), 0) << nodes[0]->stderr_text();
+  EXPECT_THAT(nodes[0]->stderr_text(), HasSubstr("MASTER_PORT=" + std::to_string(held.port)));
+  ASSERT_NE(code1, -1) << "node 1 still runs " << seconds << " s after its start:\n" << nodes[1]->stderr_text();
+  EXPECT_NE(code1, 0) << nodes[1]->stderr_text();
+  EXPECT_THAT(nodes[1]->stderr_text(), HasSubstr("did not answer within 4000 ms"));
+  std::printf("node 1 ended after %.1f s:\n%s\n", seconds, nodes[1]->stderr_text().c_str());
+  for (int i = 0; i < 50 && !children_of(nodes[1]->pid).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+}
+
+// Issue 16, item 7: a worker waiting at the rendezvous (timeout: a minute)
+// stops within a second or two of SIGTERM or SIGINT, killed by it as
+// Lightning's workers are before their handlers are registered: while it
+// retries to reach a store nobody serves yet, and while it waits for the
+// reply of a program that holds the port.
+TEST(Signals, StopSignalEndsAWorkerWaitingAtTheRendezvous) {
+  TempDir dir;
+  HeldPort held;
+  for (const bool silent_peer : {false, true}) {
+    for (int sig : {SIGTERM, SIGINT}) {
+      const std::string what = std::string(silent_peer ? "held port" : "no store yet") + ", signal " + std::to_string(sig);
+      auto rank1 = outside_rank(1, silent_peer ? held.port : unused_port(), 60, dir.path);
+      const auto end = Clock::now() + std::chrono::seconds(30);
+      while (Clock::now() < end && rank1->stderr_text().find("fulgur: ") == std::string::npos) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      ASSERT_NE(rank1->stderr_text().find("fulgur: "), std::string::npos) << what << ": rank 1 did not reach its rendezvous";
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      ::kill(rank1->pid, sig);
+      const auto sent = Clock::now();
+      const int code = rank1->wait(10);
+      const double seconds = std::chrono::duration<double>(Clock::now() - sent).count();
+      EXPECT_EQ(code, 128 + sig) << what << ": " << rank1->stderr_text();
+      EXPECT_LT(seconds, 2.0) << what << ": " << rank1->stderr_text();
+    }
+  }
+}

@@ -193,11 +193,24 @@ class GlooCollectives : public Collectives {
       if (!o.store_path.empty() && !o.store_prefix.empty()) {
         store_ = c10::make_intrusive<::c10d::PrefixStore>(o.store_prefix, store_);
       }
+      // libtorch 1.13's TCP client reads the store's replies without a
+      // timeout until a wait() puts one on its socket, where it stays. A
+      // first wait, on a key of this rank's own, bounds every later reply by
+      // o.timeout: a program that holds the port (accepts, never answers)
+      // then fails this rank within the timeout instead of holding it forever.
+      const std::string hello = "fulgur/hello/" + std::to_string(o.rank);
+      store_->set(hello, std::vector<uint8_t>{1});
+      store_->wait({hello});
     } catch (const std::exception& e) {
       const std::string msg = first_line(e.what());
       if (msg.find("in use") != std::string::npos || msg.find("bind") != std::string::npos) {
         throw CollectiveError("rendezvous: cannot serve the store on port " + std::to_string(o.port) +
                               ": the port is in use by another process (" + msg + "); choose another MASTER_PORT");
+      }
+      if (msg.find("imeout") != std::string::npos || msg.find("imed out") != std::string::npos) {
+        throw CollectiveError("rendezvous: the store at " + where + " did not answer within " +
+                              std::to_string(o.timeout.count()) + " ms (" + msg +
+                              "); is another program holding that port, or is rank 0 stuck?");
       }
       throw CollectiveError("rendezvous: cannot reach the store at " + where + ": " + msg);
     }

@@ -154,7 +154,15 @@ c10::intrusive_ptr<::c10d::Store> node_store(const MultiProcessLauncherOptions& 
   so.timeout = connect_timeout;
   if (!detail::accepts_connections(o.main_address, o.main_port, 100)) return {};  // node 0 is not up (or gone)
   try {
-    store = c10::make_intrusive<::c10d::TCPStore>(o.main_address, so);
+    auto client = c10::make_intrusive<::c10d::TCPStore>(o.main_address, so);
+    // As in the rendezvous (collectives.cpp): libtorch 1.13's client reads
+    // replies without a timeout until a wait() puts one on its socket, so a
+    // program holding the port (accepts, never answers) would hold this
+    // launcher in its next call forever. A first wait bounds them all.
+    const std::string hello = "fulgur/hello/node-" + std::to_string(o.node_rank);
+    client->set(hello, std::vector<uint8_t>{1});
+    client->wait({hello});
+    store = client;
   } catch (const std::exception&) {
     return {};
   }

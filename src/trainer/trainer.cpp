@@ -693,8 +693,10 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
       self->val_source.reset();
     }
   } detach{this};
+  // Installed once the rendezvous and the restore are done, as Lightning
+  // registers its handlers: until then SIGTERM and SIGINT keep their default
+  // action and end the worker at once, wherever it waits.
   std::optional<runtime::StopSignalGuard> signals;
-  if (options.handle_signals() && run_stage == Stage::kFit) signals.emplace();
   runtime::apply_malloc_policy();
 
   strategy->setup_environment();
@@ -736,6 +738,7 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     epoch_batches_done = 0;
     accumulated = 0;
     if (!path.empty()) restore(path);
+    if (options.handle_signals()) signals.emplace();
     if (logger && strategy->is_global_zero()) logger->log_hyperparams(model->hparams());
     fit_loop();
   } else {
