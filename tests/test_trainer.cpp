@@ -567,3 +567,40 @@ TEST(FusedOptimizer, LeavesOtherOptimizersAndTensorsToLibtorch) {
   EXPECT_TRUE(fulgur::detail::fused_optimizer_step(adam));
   EXPECT_FALSE(torch::equal(before, p.detach()));
 }
+
+// A checkpoint with weights and optimizer state but not fulgur's loop state
+// (Lightning 2.x keeps loops.fit_loop in another layout).
+TEST(Checkpoint, ForeignLoopStateNamesFileAndMissingKey) {
+  TempDir dir;
+  TinyRegression m;
+  Trainer t(quiet(dir.path).max_steps(1).enable_checkpointing(false));
+  t.fit(m, loader(16, 8));
+  const std::string good = dir.path + "/good.ckpt";
+  t.save_checkpoint(good);
+  auto expect_refused = [&](const std::string& name, const std::function<void(Checkpoint&)>& edit, const std::string& key) {
+    Checkpoint c = TorchCheckpointIO().load_checkpoint(good);
+    edit(c);
+    const std::string path = dir.path + "/" + name;
+    TorchCheckpointIO().save_checkpoint(c, path);
+    TinyRegression m2;
+    Trainer t2(quiet(dir.path).max_steps(2).enable_checkpointing(false));
+    try {
+      t2.fit(m2, loader(16, 8), nullptr, path);
+      ADD_FAILURE() << name << " was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(dynamic_cast<const std::runtime_error*>(&e), nullptr) << name << ": not a std::runtime_error: " << e.what();
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << name << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("missing key '" + key + "'"), std::string::npos) << name << ": " << e.what();
+    }
+  };
+  expect_refused("no-loops.ckpt", [](Checkpoint& c) { ASSERT_TRUE(c.erase("loops")); }, "loops");
+  expect_refused("no-fit-loop.ckpt", [](Checkpoint& c) { c.insert_or_assign("loops", make_dict()); }, "loops.fit_loop");
+  expect_refused("lightning-fit-loop.ckpt", [](Checkpoint& c) {
+    auto fit_loop = make_dict();
+    fit_loop.insert("state_dict", make_dict());
+    fit_loop.insert("epoch_loop.state_dict", make_dict());
+    auto loops = make_dict();
+    loops.insert("fit_loop", fit_loop);
+    c.insert_or_assign("loops", loops);
+  }, "loops.fit_loop.epoch");
+}

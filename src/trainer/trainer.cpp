@@ -58,6 +58,31 @@ T* find_callback(const std::vector<std::shared_ptr<Callback>>& callbacks) {
   return nullptr;
 }
 
+// checkpoint[path[0]][path[1]]...: the loop state fulgur's Trainer writes. A
+// checkpoint written elsewhere (Lightning keeps loops.fit_loop in another
+// layout) lacks it; the error names the file, the whole key and what to do.
+c10::IValue loop_entry(const Checkpoint& checkpoint, const std::vector<std::string>& path, const std::string& where,
+                       const c10::TypePtr& type = nullptr) {
+  const std::string hint =
+      "; fulgur's Trainer writes loops.fit_loop with epoch, global_step, batches_done and epoch_finished. "
+      "To start from the weights of a checkpoint written elsewhere, load them with "
+      "fulgur::load_from_checkpoint(model, path) and call fit without ckpt_path";
+  c10::IValue v(checkpoint);
+  std::string dotted;
+  for (const auto& key : path) {
+    if (!v.isGenericDict()) throw std::runtime_error(where + ": '" + dotted + "' is not a dict" + hint);
+    dotted += (dotted.empty() ? "" : ".") + key;
+    const auto dict = v.toGenericDict();
+    const auto it = dict.find(key);
+    if (it == dict.end()) throw std::runtime_error(where + ": missing key '" + dotted + "'" + hint);
+    v = it->value();
+  }
+  if (type && !v.type()->isSubtypeOf(*type)) {
+    throw std::runtime_error(where + ": '" + dotted + "' is a " + v.type()->str() + ", expected " + type->str() + hint);
+  }
+  return v;
+}
+
 int64_t batch_size_of(const Batch& batch) {
   return batch.data.defined() && batch.data.dim() > 0 ? batch.data.size(0) : 1;
 }
@@ -497,6 +522,14 @@ void TrainerImpl::restore(const std::string& path) {
   if (!sd.isGenericDict()) throw std::runtime_error(where + ": 'state_dict' is not a dict");
   load_state_dict(*model, c10::impl::toTypedDict<std::string, c10::IValue>(sd.toGenericDict()), true, where);
   if (stage != Stage::kFit) return;
+  // The loop state first: a checkpoint without it is refused before anything is restored.
+  auto loop_int = [&](const char* key) {
+    return loop_entry(ckpt, {"loops", "fit_loop", key}, where, c10::IntType::get()).toInt();
+  };
+  const int64_t epoch = loop_int("epoch");
+  const int64_t step = loop_int("global_step");
+  const int64_t batches_done = loop_int("batches_done");
+  const bool epoch_finished = loop_entry(ckpt, {"loops", "fit_loop", "epoch_finished"}, where, c10::BoolType::get()).toBool();
   auto opts = get("optimizer_states").toList();
   const auto& cfg = strategy->optimizer_config();
   if (opts.size() != cfg.optimizers.size()) {
@@ -506,6 +539,9 @@ void TrainerImpl::restore(const std::string& path) {
   auto scheds = get("lr_schedulers").toList();
   for (size_t i = 0; i < cfg.schedulers.size() && i < scheds.size(); ++i) {
     auto s = c10::impl::toTypedDict<std::string, c10::IValue>(scheds.get(i).toGenericDict());
+    if (!s.contains("last_epoch") || !s.at("last_epoch").isInt()) {
+      throw std::runtime_error(where + ": lr_schedulers[" + std::to_string(i) + "] has no integer 'last_epoch'");
+    }
     const int64_t n = s.at("last_epoch").toInt();
     for (int64_t k = 0; k < n; ++k) cfg.schedulers[i].scheduler->step();  // replay, then the saved lr wins below
     scheduler_counts[i] = n;
@@ -514,15 +550,9 @@ void TrainerImpl::restore(const std::string& path) {
     load_optimizer_state_dict(*cfg.optimizers[i], opts.get(i), where + ", optimizer " + std::to_string(i));
     optimizer_state_to_params_device(*cfg.optimizers[i]);
   }
-  auto loop = c10::impl::toTypedDict<std::string, c10::IValue>(
-      c10::impl::toTypedDict<std::string, c10::IValue>(get("loops").toGenericDict()).at("fit_loop").toGenericDict());
-  current_epoch = loop.at("epoch").toInt();
-  global_step = loop.at("global_step").toInt();
-  epoch_batches_done = loop.at("batches_done").toInt();
-  if (loop.at("epoch_finished").toBool()) {
-    ++current_epoch;
-    epoch_batches_done = 0;
-  }
+  current_epoch = epoch_finished ? epoch + 1 : epoch;
+  global_step = step;
+  epoch_batches_done = epoch_finished ? 0 : batches_done;
   auto cbs = c10::impl::toTypedDict<std::string, c10::IValue>(get("callbacks").toGenericDict());
   for (auto& c : callbacks)
     if (cbs.contains(c->state_key())) c->load_state_dict(cbs.at(c->state_key()));
