@@ -12,10 +12,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 using namespace fulgur;
@@ -270,4 +272,52 @@ TEST(Launcher, ForkedWorkerRunsParallelOpsAfterTheParentDid) {
   }
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
   EXPECT_EQ(fulgur::testing::read_file(record), "2 8388608") << "the worker ran its parallel op with 2 threads";
+}
+
+// Each epoch's score is fixed; EarlyStopping stops after epoch 3.
+struct ScoredByEpoch : TinyRegression {
+  explicit ScoredByEpoch(std::vector<double> s) : scores(std::move(s)) {}
+  StepOutput validation_step(const Batch&, int64_t) override {
+    log("score", scores.at(current_epoch()));
+    return {};
+  }
+  std::vector<double> scores;
+};
+
+// Counts training batches; its state says which rank it came from.
+struct BatchCounter : Callback {
+  std::string state_key() const override { return "BatchCounter"; }
+  void on_train_batch_end(Trainer& t, LightningModule&, const StepOutput&, const Batch&, int64_t) override {
+    ++batches;
+    rank = t.global_rank();
+  }
+  c10::IValue state_dict() const override {
+    auto d = make_dict();
+    d.insert("batches", batches);
+    d.insert("rank", rank);
+    return d;
+  }
+  void load_state_dict(const c10::IValue& s) override {
+    auto d = c10::impl::toTypedDict<std::string, c10::IValue>(s.toGenericDict());
+    batches = d.at("batches").toInt();
+    rank = d.at("rank").toInt();
+  }
+  int64_t batches = 0;
+  int64_t rank = -1;
+};
+
+TEST(Callbacks, EveryCallbacksStateComesBackFromRankZero) {
+  TempDir dir;
+  ScoredByEpoch m({1.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0});
+  auto es = std::make_shared<EarlyStopping>(EarlyStoppingOptions("score").patience(2));
+  auto counter = std::make_shared<BatchCounter>();
+  Trainer t(opts(dir.path, "cpu", "ddp", 2).max_epochs(7).enable_checkpointing(false).callbacks({es, counter}));
+  t.fit(m, loader(32, 4), loader(16, 4));
+  // Best at epoch 1; epochs 2 and 3 do not improve: stop after epoch 3.
+  EXPECT_EQ(t.current_epoch(), 4);
+  EXPECT_EQ(es->stopped_epoch(), 3);
+  EXPECT_EQ(es->wait_count(), 2);
+  EXPECT_DOUBLE_EQ(es->best_score(), 0.5);
+  EXPECT_EQ(counter->rank, 0);
+  EXPECT_EQ(counter->batches, 4 * 4);  // 4 epochs of 16 samples per rank in batches of 4
 }

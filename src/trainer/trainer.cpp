@@ -483,12 +483,7 @@ Checkpoint TrainerImpl::dump_checkpoint() {
     sched_states.push_back(s);
   }
   ckpt.insert("lr_schedulers", sched_states);
-  auto cbs = fulgur::make_dict();
-  for (auto& c : callbacks) {
-    auto s = c->state_dict();
-    if (!s.isNone()) cbs.insert(c->state_key(), s);
-  }
-  ckpt.insert("callbacks", cbs);
+  ckpt.insert("callbacks", callback_states());
   auto loop = fulgur::make_dict();
   loop.insert("epoch", current_epoch);
   loop.insert("batches_done", epoch_batches_done);
@@ -509,6 +504,21 @@ Checkpoint TrainerImpl::dump_checkpoint() {
   model->on_save_checkpoint(ckpt);
   for (auto& c : callbacks) c->on_save_checkpoint(owner, *model, ckpt);
   return ckpt;
+}
+
+c10::Dict<std::string, c10::IValue> TrainerImpl::callback_states() const {
+  auto states = fulgur::make_dict();
+  for (const auto& c : callbacks) {
+    auto s = c->state_dict();
+    if (!s.isNone()) states.insert(c->state_key(), s);
+  }
+  return states;
+}
+
+void TrainerImpl::load_callback_states(const c10::IValue& states) {
+  const auto d = c10::impl::toTypedDict<std::string, c10::IValue>(states.toGenericDict());
+  for (auto& c : callbacks)
+    if (d.contains(c->state_key())) c->load_state_dict(d.at(c->state_key()));
 }
 
 void TrainerImpl::restore(const std::string& path) {
@@ -553,9 +563,9 @@ void TrainerImpl::restore(const std::string& path) {
   current_epoch = epoch_finished ? epoch + 1 : epoch;
   global_step = step;
   epoch_batches_done = epoch_finished ? 0 : batches_done;
-  auto cbs = c10::impl::toTypedDict<std::string, c10::IValue>(get("callbacks").toGenericDict());
-  for (auto& c : callbacks)
-    if (cbs.contains(c->state_key())) c->load_state_dict(cbs.at(c->state_key()));
+  const c10::IValue cbs = get("callbacks");
+  if (!cbs.isGenericDict()) throw std::runtime_error(where + ": 'callbacks' is not a dict");
+  load_callback_states(cbs);
   if (ckpt.contains("rng_states")) {
     auto rng = c10::impl::toTypedDict<std::string, c10::IValue>(ckpt.at("rng_states").toGenericDict());
     auto states = rng.at("torch").toTensor();
@@ -615,10 +625,7 @@ c10::IValue TrainerImpl::make_result(const std::vector<at::Tensor>& preds) {
   r.insert("callback_metrics", cm);
   r.insert("current_epoch", current_epoch);
   r.insert("global_step", global_step);
-  if (auto* mc = owner.checkpoint_callback()) {
-    r.insert("best_model_path", mc->best_model_path());
-    r.insert("checkpoint_callback", mc->state_dict());
-  }
+  r.insert("callbacks", callback_states());
   if (logger && strategy->is_global_zero()) r.insert("logger_version", logger->version());
   c10::List<at::Tensor> p;
   for (const auto& t : preds) p.push_back(t);
@@ -644,9 +651,7 @@ void TrainerImpl::apply_result(const c10::IValue& value) {
   }
   current_epoch = r.at("current_epoch").toInt();
   global_step = r.at("global_step").toInt();
-  if (auto* mc = owner.checkpoint_callback(); mc && r.contains("checkpoint_callback")) {
-    mc->load_state_dict(r.at("checkpoint_callback"));
-  }
+  load_callback_states(r.at("callbacks"));
   predictions.clear();
   for (const auto& t : r.at("predictions").toTensorList()) predictions.push_back(t);
   if (r.contains("checkpoint")) {
