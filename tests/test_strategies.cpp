@@ -321,3 +321,52 @@ TEST(Callbacks, EveryCallbacksStateComesBackFromRankZero) {
   EXPECT_EQ(counter->rank, 0);
   EXPECT_EQ(counter->batches, 4 * 4);  // 4 epochs of 16 samples per rank in batches of 4
 }
+
+namespace {
+
+// Four batches of a fixed problem, from no Dataset: a strategy cannot give it a sampler.
+struct FourBatches : BatchSource {
+  struct Stream : BatchStream {
+    explicit Stream(int64_t i) : i(i) {}
+    std::optional<Batch> next() override {
+      if (i >= 4) return std::nullopt;
+      ++i;
+      return Batch(torch::ones({4, 8}), torch::ones({4, 1}));
+    }
+    int64_t i;
+  };
+  int64_t num_batches() const override { return 4; }
+  void set_epoch(int64_t) override {}
+  std::unique_ptr<BatchStream> open(int64_t skip) override { return std::make_unique<Stream>(skip); }
+};
+
+}  // namespace
+
+// Every rank would train on all of it; the strategy refuses, and says how to fix it.
+TEST(Strategies, SourceThatIsNotADataLoaderIsRefusedOnSeveralRanks) {
+  for (const std::string& accelerator : {"cpu", "xla"}) {
+    TempDir dir;
+    TinyRegression m;
+    Trainer t(opts(dir.path, accelerator, accelerator == "cpu" ? "ddp" : "xla", 2).max_epochs(1).enable_checkpointing(false));
+    try {
+      t.fit(m, std::make_shared<FourBatches>());
+      FAIL() << accelerator << ": a source that is not a DataLoader was used unsharded";
+    } catch (const WorkerFailure& e) {
+      EXPECT_NE(std::string(e.what()).find("not a DataLoader"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("use_distributed_sampler(false)"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A source that shards itself runs when the user says so; a DataLoader is then not sharded either.
+TEST(Strategies, WithoutTheDistributedSamplerEveryLoaderIsUsedAsGiven) {
+  TempDir dir;
+  TinyRegression m;
+  Trainer t(opts(dir.path, "cpu", "ddp", 2).max_epochs(1).use_distributed_sampler(false).enable_checkpointing(false));
+  t.fit(m, std::make_shared<FourBatches>());
+  EXPECT_EQ(t.global_step(), 4);
+  TinyRegression m2;
+  Trainer t2(opts(dir.path, "cpu", "ddp", 2).max_epochs(1).use_distributed_sampler(false).enable_checkpointing(false));
+  t2.fit(m2, loader(64, 4));
+  EXPECT_EQ(t2.global_step(), 16) << "each rank takes all 64 samples";
+}

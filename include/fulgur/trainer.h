@@ -100,6 +100,13 @@ struct TrainerOptions {
   TORCH_ARG(std::string, start_method) = "fork";
   // Stop the run on SIGTERM/SIGINT at the next step boundary, after a checkpoint.
   TORCH_ARG(bool, handle_signals) = true;
+  // Under a parallel strategy, give each DataLoader a DistributedSampler (each
+  // rank its share) and refuse any other BatchSource, which every rank would
+  // use whole. false: every loader is used as given, so it must yield only
+  // this rank's share itself (Lightning's use_distributed_sampler=False). A
+  // strategy_object decides by its ParallelOptions::use_distributed_sampler
+  // (false here with true there is refused).
+  TORCH_ARG(bool, use_distributed_sampler) = true;
 };
 
 // Metric name -> value.

@@ -214,9 +214,34 @@ void ParallelStrategy::barrier(const std::string& name) {
   if (collectives_) collectives_->barrier(name);
 }
 
+namespace {
+
+// Whether `source` is what process_dataloader made for `world` ranks: a
+// DataLoader with such a DistributedSampler, maybe inside DeviceLoaders.
+bool sharded_for(const BatchSource& source, int64_t world) {
+  if (const auto* device = dynamic_cast<const DeviceLoader*>(&source)) return sharded_for(*device->inner(), world);
+  const auto* dl = dynamic_cast<const DataLoader*>(&source);
+  const auto* sampler = dl ? dynamic_cast<const DistributedSampler*>(&dl->sampler()) : nullptr;
+  return sampler && sampler->options().num_replicas == world;
+}
+
+}  // namespace
+
 std::shared_ptr<BatchSource> ParallelStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {
+  if (world_size() == 1 || !options_.use_distributed_sampler || sharded_for(*loader, world_size())) return loader;
   auto dl = std::dynamic_pointer_cast<DataLoader>(loader);
-  if (!dl || world_size() == 1) return loader;
+  if (!dl) {
+    const bool device = std::dynamic_pointer_cast<DeviceLoader>(loader) != nullptr;
+    throw std::invalid_argument(
+        std::string("process_dataloader: the loader is ") +
+        (device ? "a DeviceLoader over a source that is not a sharded DataLoader" : "not a DataLoader") +
+        ", so it cannot be given a DistributedSampler, and each of the " + std::to_string(world_size()) +
+        " ranks would train on all of it. Pass a DataLoader over a Dataset (the strategy gives each rank its share" +
+        (device ? " and wraps it for the device itself" : "") +
+        "), or make the source yield only this rank's share (trainer.global_rank() of world_size()) and set "
+        "TrainerOptions().use_distributed_sampler(false) (ParallelOptions::use_distributed_sampler for a strategy "
+        "object)");
+  }
   DistributedSampler::Options so;
   so.num_replicas = world_size();
   so.rank = global_rank();
@@ -283,7 +308,7 @@ std::unique_ptr<detail::GradientSync> XLAStrategy::make_gradient_sync() {
 }
 
 std::shared_ptr<BatchSource> XLAStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {
-  if (std::dynamic_pointer_cast<DeviceLoader>(loader)) return loader;
+  // A DeviceLoader that process_dataloader made comes back unchanged from both steps.
   return detail::xla_device_loader(ParallelStrategy::process_dataloader(std::move(loader)), root_device());
 }
 

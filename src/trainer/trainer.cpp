@@ -3,6 +3,7 @@
 #include <fulgur/checkpoint.h>
 #include <fulgur/loggers/csv_logger.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
+#include <fulgur/strategies/ddp.h>
 #include <fulgur/strategies/registry.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
@@ -140,7 +141,13 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
     req.num_nodes = options.num_nodes();
     req.start_method = options.start_method();
     req.collective_timeout = std::chrono::milliseconds(options.collective_timeout_ms());
+    req.use_distributed_sampler = options.use_distributed_sampler();
     strategy = make_strategy(req);
+  } else if (auto* parallel = dynamic_cast<ParallelStrategy*>(strategy.get());
+             parallel && !options.use_distributed_sampler() && parallel->parallel_options().use_distributed_sampler) {
+    throw std::invalid_argument(
+        "use_distributed_sampler=false, but the strategy_object shards loaders (its "
+        "ParallelOptions::use_distributed_sampler is true); with a strategy object, set it there");
   }
 
   callbacks = options.callbacks();
