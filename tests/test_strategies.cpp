@@ -274,6 +274,54 @@ TEST(Launcher, ForkedWorkerRunsParallelOpsAfterTheParentDid) {
   EXPECT_EQ(fulgur::testing::read_file(record), "2 8388608") << "the worker ran its parallel op with 2 threads";
 }
 
+namespace {
+
+// Logs a test loss, so that a test run adds a column to metrics.csv.
+struct WithTestStep : TinyRegression {
+  StepOutput test_step(const Batch& b, int64_t) override {
+    auto loss = torch::mse_loss(forward(b.data), b.target);
+    log("test_loss", loss, LogOptions().with_sync_dist(true));
+    return loss;
+  }
+};
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::istringstream in(fulgur::testing::read_file(path));
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+std::vector<std::string> folders_in(const std::string& path) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(path)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+// As `mnist --devices 2 --strategy ddp` does: fit on 2 workers, then test.
+// The test row joins the fit's rows in the same version folder; its new
+// column widens the header.
+TEST(Logging, TestAfterATwoWorkerFitAppendsToTheFitsMetricsCsv) {
+  TempDir dir;
+  WithTestStep m;
+  Trainer t(opts(dir.path, "cpu", "ddp", 2).max_epochs(1).log_every_n_steps(2).enable_checkpointing(false));
+  t.fit(m, loader(64, 4));  // 32 samples per rank, 8 steps: rows at steps 2, 4, 6, 8
+  t.test(m, loader(32, 4));
+  EXPECT_EQ(folders_in(dir.path + "/lightning_logs"), (std::vector<std::string>{"version_0"}));
+  EXPECT_EQ(t.logger()->version(), "0");
+  const auto lines = lines_of(dir.path + "/lightning_logs/version_0/metrics.csv");
+  ASSERT_EQ(lines.size(), 6u) << ::testing::PrintToString(lines);
+  EXPECT_EQ(lines[0], "epoch,test_loss,train_loss,step");
+  for (int i = 1; i <= 4; ++i) {
+    EXPECT_EQ(lines[i].substr(0, 3), "0,,") << lines[i];  // epoch 0, no test_loss
+    EXPECT_EQ(lines[i].substr(lines[i].rfind(',') + 1), std::to_string(2 * i)) << lines[i];
+  }
+  EXPECT_NE(lines[5].find(",,8"), std::string::npos) << "test row: no train_loss, step 8: " << lines[5];
+}
+
 // Each epoch's score is fixed; EarlyStopping stops after epoch 3.
 struct ScoredByEpoch : TinyRegression {
   explicit ScoredByEpoch(std::vector<double> s) : scores(std::move(s)) {}

@@ -231,6 +231,33 @@ TEST(Logging, StepAndEpochValuesAndMetricsCsv) {
   EXPECT_TRUE(fs::exists(dir.path + "/lightning_logs/version_1/metrics.csv"));
 }
 
+TEST(Logging, CsvLoggerWritesEveryNStepsAppendsAndWidensItsHeader) {
+  TempDir dir;
+  const std::string csv = dir.path + "/lightning_logs/version_0/metrics.csv";
+  {
+    CSVLogger logger(CSVLoggerOptions(dir.path).flush_logs_every_n_steps(3));
+    logger.log_metrics({{"a", 1.0}}, 1);
+    logger.log_metrics({{"a", 2.0}}, 2);
+    EXPECT_FALSE(fs::exists(csv)) << "2 steps: the rows are kept";
+    logger.log_metrics({{"a", 3.0}}, 3);
+    EXPECT_EQ(read(csv), "a,step\n1,1\n2,2\n3,3\n");
+    logger.log_metrics({{"b", 0.5}}, 4);
+    logger.save();
+    EXPECT_EQ(read(csv), "a,b,step\n1,,1\n2,,2\n3,,3\n,0.5,4\n");
+  }
+  // Another logger on the same version (as the worker of a later stage) appends.
+  CSVLogger again(CSVLoggerOptions(dir.path).version(0));
+  again.log_metrics({{"b", 1.5}}, 5);
+  again.finalize("success");
+  EXPECT_EQ(read(csv), "a,b,step\n1,,1\n2,,2\n3,,3\n,0.5,4\n,1.5,5\n");
+  // A line cut short by a killed writer stays apart from the next row.
+  std::ofstream(csv, std::ios::app) << "4,";
+  again.log_metrics({{"a", 6.0}}, 6);
+  again.save();
+  EXPECT_EQ(read(csv), "a,b,step\n1,,1\n2,,2\n3,,3\n,0.5,4\n,1.5,5\n4,\n6,,6\n");
+  EXPECT_THROW(CSVLogger(CSVLoggerOptions(dir.path).flush_logs_every_n_steps(0)), std::invalid_argument);
+}
+
 TEST(Logging, NonScalarValueIsRefused) {
   struct Bad : TinyRegression {
     StepOutput training_step(const Batch& b, int64_t i) override {

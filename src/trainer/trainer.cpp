@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <iostream>
 #include <stdexcept>
@@ -690,6 +691,20 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     Strategy* s;
     ~Teardown() { s->teardown(); }
   } teardown{strategy.get()};
+  // A stage that throws: rank 0's logger writes the rows it still holds, as
+  // Lightning's finalize("failed"). An error while doing so must not hide the
+  // stage's own, which is already on its way.
+  struct FinalizeOnFailure {
+    TrainerImpl* self;
+    int exceptions = std::uncaught_exceptions();
+    ~FinalizeOnFailure() {
+      if (std::uncaught_exceptions() <= exceptions || !self->logger || !self->strategy->is_global_zero()) return;
+      try {
+        self->logger->finalize("failed");
+      } catch (...) {
+      }
+    }
+  } finalize_on_failure{this};
   if (options.seed()) seed_everything(*options.seed());
   if (options.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
   if (data.datamodule) {
