@@ -418,3 +418,15 @@ TEST(Strategies, WithoutTheDistributedSamplerEveryLoaderIsUsedAsGiven) {
   t2.fit(m2, loader(64, 4));
   EXPECT_EQ(t2.global_step(), 16) << "each rank takes all 64 samples";
 }
+
+// The distributed sampler pads (its own drop_last off, as Lightning sets it);
+// the loader's drop_last drops each rank's short last batch. 19 samples on 2
+// ranks: 10 each, 2 batches of 5. A sampler that cut the tail (9 each) would
+// leave 1.
+TEST(Strategies, DistributedSamplerPadsAndDropLastActsOnEachRanksBatches) {
+  TempDir dir;
+  TinyRegression m;
+  Trainer t(opts(dir.path, "cpu", "ddp", 2).max_epochs(1).enable_checkpointing(false));
+  t.fit(m, std::make_shared<DataLoader>(regression_data(19), DataLoaderOptions(5).drop_last(true)));
+  EXPECT_EQ(t.global_step(), 2);
+}

@@ -258,6 +258,16 @@ TEST(Logging, CsvLoggerWritesEveryNStepsAppendsAndWidensItsHeader) {
   EXPECT_THROW(CSVLogger(CSVLoggerOptions(dir.path).flush_logs_every_n_steps(0)), std::invalid_argument);
 }
 
+// Batches built by loader threads train (they were once made in inference
+// mode, which backward refuses).
+TEST(Loops, LoaderThreadsFeedTraining) {
+  TempDir dir;
+  TinyRegression m;
+  Trainer t(quiet(dir.path).max_epochs(1).enable_checkpointing(false));
+  t.fit(m, std::make_shared<DataLoader>(regression_data(64), DataLoaderOptions(8).num_workers(2)));
+  EXPECT_EQ(t.global_step(), 8);
+}
+
 TEST(Logging, NonScalarValueIsRefused) {
   struct Bad : TinyRegression {
     StepOutput training_step(const Batch& b, int64_t i) override {

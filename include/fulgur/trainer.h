@@ -89,7 +89,10 @@ struct TrainerOptions {
   TORCH_ARG(bool, logger) = true;
   TORCH_ARG(std::shared_ptr<Logger>, logger_object) = nullptr;
   TORCH_ARG(std::vector<std::shared_ptr<Callback>>, callbacks) = {};
-  // Seeds torch's generator (and the samplers) on every rank before setup.
+  // seed_everything(seed) on every rank before setup. The weights a module
+  // draws in its constructor come earlier: call fulgur::seed_everything first
+  // for a reproducible run. A DataLoader's shuffle order comes from its own
+  // DataLoaderOptions::seed.
   TORCH_ARG(std::optional<uint64_t>, seed) = std::nullopt;
   TORCH_ARG(bool, deterministic) = false;
   // Run n batches of train/val/test once, no checkpoints or logs (0 = off).
