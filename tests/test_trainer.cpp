@@ -268,6 +268,24 @@ TEST(Loops, LoaderThreadsFeedTraining) {
   EXPECT_EQ(t.global_step(), 8);
 }
 
+// A fit that throws still leaves the rows logged before (Lightning's finalize("failed")).
+TEST(Logging, AStageThatThrowsStillWritesItsRows) {
+  struct ThrowsAtStep5 : TinyRegression {
+    StepOutput training_step(const Batch& b, int64_t i) override {
+      if (trainer()->global_step() == 5) throw std::runtime_error("boom at step 5");
+      return TinyRegression::training_step(b, i);
+    }
+  } m;
+  TempDir dir;
+  Trainer t(quiet(dir.path).max_epochs(1).log_every_n_steps(1).enable_checkpointing(false));
+  EXPECT_THROW(t.fit(m, loader(80, 8)), std::runtime_error);
+  std::istringstream csv(read(dir.path + "/lightning_logs/version_0/metrics.csv"));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(csv, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 6u) << "header and the rows of steps 1..5";
+  EXPECT_EQ(lines[5].substr(lines[5].rfind(',') + 1), "5");
+}
+
 TEST(Logging, NonScalarValueIsRefused) {
   struct Bad : TinyRegression {
     StepOutput training_step(const Batch& b, int64_t i) override {
