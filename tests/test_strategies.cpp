@@ -2,6 +2,7 @@
 
 #include "support.h"
 
+#include "runtime/log.h"
 #include "runtime/threads.h"
 
 #include <fulgur/strategies/ddp.h>
@@ -9,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -429,4 +431,98 @@ TEST(Strategies, DistributedSamplerPadsAndDropLastActsOnEachRanksBatches) {
   Trainer t(opts(dir.path, "cpu", "ddp", 2).max_epochs(1).enable_checkpointing(false));
   t.fit(m, std::make_shared<DataLoader>(regression_data(19), DataLoaderOptions(5).drop_last(true)));
   EXPECT_EQ(t.global_step(), 2);
+}
+
+namespace {
+
+// Runs a 2-worker fit in a child process with FULGUR_LOG_LEVEL=`level` (unset
+// when empty) and returns what the job wrote to stderr.
+std::string stderr_of_two_worker_fit(const std::string& root, const std::string& level,
+                                     std::vector<std::shared_ptr<Callback>> callbacks = {}) {
+  const std::string path = root + "/stderr-" + (level.empty() ? "unset" : level) + ".txt";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, STDERR_FILENO);
+    if (level.empty()) ::unsetenv("FULGUR_LOG_LEVEL");
+    else ::setenv("FULGUR_LOG_LEVEL", level.c_str(), 1);
+    int code = 0;
+    try {
+      TinyRegression m;
+      Trainer t(opts(root + "/run-" + level, "cpu", "ddp", 2).max_steps(4).enable_checkpointing(false).callbacks(callbacks));
+      t.fit(m, loader(64, 4));
+    } catch (...) {
+      code = 1;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << ": " << fulgur::testing::read_file(path);
+  return fulgur::testing::read_file(path);
+}
+
+int64_t count_of(const std::string& text, const std::string& what) {
+  int64_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+// Information is rank 0's (Lightning's rank_zero_info): one cluster-environment line for the job.
+TEST(Logging, TwoWorkersPrintTheClusterEnvironmentOnce) {
+  TempDir dir;
+  const std::string err = stderr_of_two_worker_fit(dir.path, "");
+  EXPECT_EQ(count_of(err, "cluster environment"), 1) << err;
+  EXPECT_EQ(count_of(err, ":0"), 0) << "a port the single-node job does not use: " << err;
+}
+
+namespace {
+
+// Every rank writes 50 long lines at each batch, all at once.
+struct Chatty : Callback {
+  std::string state_key() const override { return "Chatty"; }
+  void on_train_batch_end(Trainer& t, LightningModule&, const StepOutput&, const Batch&, int64_t) override {
+    const std::string line(300, static_cast<char>('a' + t.global_rank()));
+    for (int i = 0; i < 50; ++i) runtime::log(runtime::LogLevel::kWarning, line);
+  }
+};
+
+}  // namespace
+
+// Two ranks' lines never share a line; FULGUR_LOG_LEVEL chooses what is written, "off" nothing.
+TEST(Logging, LinesOfTwoRanksStayWholeAndTheLevelIsChosenByEnvironment) {
+  TempDir dir;
+  const std::string rank0 = "fulgur: rank 0: " + std::string(300, 'a');
+  const std::string rank1 = "fulgur: rank 1: " + std::string(300, 'b');
+  std::istringstream lines(stderr_of_two_worker_fit(dir.path, "", {std::make_shared<Chatty>()}));
+  int64_t from0 = 0, from1 = 0, info = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line == rank0) {
+      ++from0;
+    } else if (line == rank1) {
+      ++from1;
+    } else {
+      EXPECT_EQ(line.rfind("fulgur: cluster environment lightning: world size 2, global rank 0,", 0), 0u)
+          << "not a whole line of one rank: " << line;
+      ++info;
+    }
+  }
+  EXPECT_EQ(from0, 4 * 50);
+  EXPECT_EQ(from1, 4 * 50);
+  EXPECT_EQ(info, 1);
+  const std::string quiet = stderr_of_two_worker_fit(dir.path, "warning", {std::make_shared<Chatty>()});
+  EXPECT_EQ(count_of(quiet, "cluster environment"), 0);
+  EXPECT_EQ(count_of(quiet, "\n"), 2 * 4 * 50);
+  EXPECT_EQ(count_of(stderr_of_two_worker_fit(dir.path, "debug"), "cluster environment"), 2) << "every rank's, at debug";
+  EXPECT_EQ(stderr_of_two_worker_fit(dir.path, "off", {std::make_shared<Chatty>()}), "");
 }

@@ -286,6 +286,18 @@ TEST(Logging, AStageThatThrowsStillWritesItsRows) {
   EXPECT_EQ(lines[5].substr(lines[5].rfind(',') + 1), "5");
 }
 
+TEST(Logging, UnknownLogLevelIsRefusedBeforeAnyRun) {
+  ::setenv("FULGUR_LOG_LEVEL", "loud", 1);
+  try {
+    Trainer t(quiet("."));
+    ADD_FAILURE() << "FULGUR_LOG_LEVEL=loud was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("FULGUR_LOG_LEVEL=loud"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("debug, info, warning, error, off"), std::string::npos) << e.what();
+  }
+  ::unsetenv("FULGUR_LOG_LEVEL");
+}
+
 TEST(Logging, NonScalarValueIsRefused) {
   struct Bad : TinyRegression {
     StepOutput training_step(const Batch& b, int64_t i) override {

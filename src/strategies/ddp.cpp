@@ -4,6 +4,7 @@
 
 #include "distributed/gradient_sync.h"
 #include "strategies/xla_common.h"
+#include "runtime/log.h"
 #include "runtime/threads.h"
 #include "trainer/trainer_impl.h"
 #include <fulgur/xla/backend.h>
@@ -97,7 +98,17 @@ void ParallelStrategy::setup_environment() {
   local_rank_ = env->local_rank();
   node_rank_ = env->node_rank();
   world_size_ = env->world_size();
-  std::cerr << "fulgur: " << describe(*env) << std::endl;
+  std::string who = describe(*env);
+  if (const char* store = std::getenv("FULGUR_STORE"); store && *store) {
+    // One node, fulgur's launcher: the rendezvous is a file store, no address or port is used.
+    who.erase(who.rfind(", main address")) += ", rendezvous in a private file store";
+  }
+  // Every rank's line is there at debug level; rank 0's is enough otherwise.
+  if (rank_ == 0) {
+    runtime::log_rank_zero(runtime::LogLevel::kInfo, who);
+  } else {
+    runtime::log(runtime::LogLevel::kDebug, who);
+  }
   const char* lws = std::getenv("LOCAL_WORLD_SIZE");
   const int64_t local_world = lws && *lws ? std::atoll(lws) : static_cast<int64_t>(parallel_devices_.size());
   runtime::apply_thread_policy(local_world);

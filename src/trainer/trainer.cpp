@@ -8,6 +8,7 @@
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
+#include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/signals.h"
 #include "trainer/optim_state.h"
@@ -111,6 +112,7 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
           "gradient_clip_val=" + std::to_string(options.gradient_clip_val().value_or(0)) + " must be >= 0");
   require(options.collective_timeout_ms() > 0,
           "collective_timeout_ms=" + std::to_string(options.collective_timeout_ms()) + " must be > 0");
+  runtime::check_log_level();
   require(options.num_nodes() >= 1, "num_nodes=" + std::to_string(options.num_nodes()) + " must be >= 1");
   if (const char* nodes = std::getenv("NUM_NODES"); nodes && *nodes) {
     require(std::to_string(options.num_nodes()) == nodes,
@@ -445,10 +447,9 @@ void TrainerImpl::fit_loop() {
       std::string path = owner.log_dir() + "/checkpoints/last.ckpt";
       if (auto* mc = owner.checkpoint_callback(); mc && !mc->dirpath().empty()) path = mc->dirpath() + "/last.ckpt";
       owner.save_checkpoint(path);
-      if (strategy->is_global_zero()) {
-        std::cerr << "fulgur: stopping at step " << global_step << " on signal " << (sig ? sig : SIGTERM)
-                  << "; checkpoint saved to " << path << std::endl;
-      }
+      runtime::log_rank_zero(runtime::LogLevel::kWarning, "stopping at step " + std::to_string(global_step) +
+                                                              " on signal " + std::to_string(sig ? sig : SIGTERM) +
+                                                              "; checkpoint saved to " + path);
       if (logger && strategy->is_global_zero()) logger->finalize("interrupted");
       throw WorkerFailure("interrupted by signal " + std::to_string(sig ? sig : SIGTERM) + " at step " +
                               std::to_string(global_step) + "; checkpoint saved to " + path,
@@ -615,10 +616,8 @@ std::string TrainerImpl::resolve_ckpt_path(const std::string& ckpt_path) const {
     }
   }
   if (best.empty()) {
-    if (strategy->is_global_zero()) {
-      std::cerr << "fulgur: warning: ckpt_path=\"last\" but no last.ckpt was found under " << options.default_root_dir()
-                << "; starting from scratch" << std::endl;
-    }
+    runtime::log_rank_zero(runtime::LogLevel::kWarning, "warning: ckpt_path=\"last\" but no last.ckpt was found under " +
+                                                            options.default_root_dir() + "; starting from scratch");
     return "";
   }
   return best.string();
