@@ -670,4 +670,6 @@ TEST(Checkpoint, ForeignLoopStateNamesFileAndMissingKey) {
     loops.insert("fit_loop", fit_loop);
     c.insert_or_assign("loops", loops);
   }, "loops.fit_loop.epoch");
+  expect_refused("no-torch-generator.ckpt", [](Checkpoint& c) { c.insert_or_assign("rng_states", make_dict()); },
+                 "rng_states.torch");
 }

@@ -61,15 +61,16 @@ T* find_callback(const std::vector<std::shared_ptr<Callback>>& callbacks) {
   return nullptr;
 }
 
-// checkpoint[path[0]][path[1]]...: the loop state fulgur's Trainer writes. A
-// checkpoint written elsewhere (Lightning keeps loops.fit_loop in another
-// layout) lacks it; the error names the file, the whole key and what to do.
-c10::IValue loop_entry(const Checkpoint& checkpoint, const std::vector<std::string>& path, const std::string& where,
-                       const c10::TypePtr& type = nullptr) {
+// checkpoint[path[0]][path[1]]...: state that fulgur's Trainer writes (the
+// loop position, the generators). A checkpoint written elsewhere (Lightning
+// keeps loops.fit_loop in another layout) may lack it; the error names the
+// file, the whole key and what to do instead.
+c10::IValue checkpoint_entry(const Checkpoint& checkpoint, const std::vector<std::string>& path,
+                             const std::string& where, const c10::TypePtr& type = nullptr) {
   const std::string hint =
-      "; fulgur's Trainer writes loops.fit_loop with epoch, global_step, batches_done and epoch_finished. "
-      "To start from the weights of a checkpoint written elsewhere, load them with "
-      "fulgur::load_from_checkpoint(model, path) and call fit without ckpt_path";
+      "; fulgur's Trainer writes it (see docs/ARCHITECTURE.md, checkpoint format). To start from the weights of a "
+      "checkpoint written elsewhere, load them with fulgur::load_from_checkpoint(model, path) and call fit without "
+      "ckpt_path";
   c10::IValue v(checkpoint);
   std::string dotted;
   for (const auto& key : path) {
@@ -541,14 +542,18 @@ void TrainerImpl::restore(const std::string& path) {
   if (!sd.isGenericDict()) throw std::runtime_error(where + ": 'state_dict' is not a dict");
   load_state_dict(*model, c10::impl::toTypedDict<std::string, c10::IValue>(sd.toGenericDict()), true, where);
   if (stage != Stage::kFit) return;
-  // The loop state first: a checkpoint without it is refused before anything is restored.
+  // The loop and generator state first: a checkpoint without it is refused before anything is restored.
   auto loop_int = [&](const char* key) {
-    return loop_entry(ckpt, {"loops", "fit_loop", key}, where, c10::IntType::get()).toInt();
+    return checkpoint_entry(ckpt, {"loops", "fit_loop", key}, where, c10::IntType::get()).toInt();
   };
   const int64_t epoch = loop_int("epoch");
   const int64_t step = loop_int("global_step");
   const int64_t batches_done = loop_int("batches_done");
-  const bool epoch_finished = loop_entry(ckpt, {"loops", "fit_loop", "epoch_finished"}, where, c10::BoolType::get()).toBool();
+  const bool epoch_finished =
+      checkpoint_entry(ckpt, {"loops", "fit_loop", "epoch_finished"}, where, c10::BoolType::get()).toBool();
+  const at::Tensor rng_states = ckpt.contains("rng_states")
+                                    ? checkpoint_entry(ckpt, {"rng_states", "torch"}, where, c10::TensorType::get()).toTensor()
+                                    : at::Tensor();
   auto opts = get("optimizer_states").toList();
   const auto& cfg = strategy->optimizer_config();
   if (opts.size() != cfg.optimizers.size()) {
@@ -575,13 +580,9 @@ void TrainerImpl::restore(const std::string& path) {
   const c10::IValue cbs = get("callbacks");
   if (!cbs.isGenericDict()) throw std::runtime_error(where + ": 'callbacks' is not a dict");
   load_callback_states(cbs);
-  if (ckpt.contains("rng_states")) {
-    auto rng = c10::impl::toTypedDict<std::string, c10::IValue>(ckpt.at("rng_states").toGenericDict());
-    auto states = rng.at("torch").toTensor();
-    if (states.dim() == 2 && states.size(0) == strategy->world_size()) {
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      gen.set_state(states[strategy->global_rank()].contiguous());
-    }
+  if (rng_states.defined() && rng_states.dim() == 2 && rng_states.size(0) == strategy->world_size()) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_state(rng_states[strategy->global_rank()].contiguous());
   }
   model->on_load_checkpoint(ckpt);
 }
