@@ -99,9 +99,10 @@ void ParallelStrategy::setup_environment() {
   node_rank_ = env->node_rank();
   world_size_ = env->world_size();
   std::string who = describe(*env);
-  if (const char* store = std::getenv("FULGUR_STORE"); store && *store) {
+  const auto address = who.rfind(", main address");
+  if (const char* store = std::getenv("FULGUR_STORE"); store && *store && address != std::string::npos) {
     // One node, fulgur's launcher: the rendezvous is a file store, no address or port is used.
-    who.erase(who.rfind(", main address")) += ", rendezvous in a private file store";
+    who.erase(address) += ", rendezvous in a private file store";
   }
   // Every rank's line is there at debug level; rank 0's is enough otherwise.
   if (rank_ == 0) {
