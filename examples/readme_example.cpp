@@ -48,6 +48,7 @@ struct RandomData : fulgur::DataModule {
 
 int main() {
   try {
+    fulgur::seed_everything(0);  // first: the weights are drawn when `model` is made
     Classifier model;
     RandomData data;
     fulgur::Trainer trainer(fulgur::TrainerOptions()

@@ -80,6 +80,19 @@ TEST(Options, XlaStrategyRefusesForeignPlugins) {
   expect_invalid([] { XLAStrategy s({0, 1}, nullptr, std::make_shared<Precision>()); }, {"XLAPrecision"});
 }
 
+// A strategy object decides whether loaders are sharded; asking the Trainer for
+// the opposite of what it does is refused; so is a CSV logger flush interval below 1.
+TEST(Options, ShardingSwitchAndLoggerFlushMustBeConsistent) {
+  auto shards = std::make_shared<XLAStrategy>(std::vector<int64_t>{0, 1});
+  expect_invalid([&] { Trainer t(TrainerOptions().strategy_object(shards).use_distributed_sampler(false)); },
+                 {"use_distributed_sampler=false", "ParallelOptions::use_distributed_sampler"});
+  ParallelOptions as_given;
+  as_given.use_distributed_sampler = false;
+  auto unsharded = std::make_shared<XLAStrategy>(std::vector<int64_t>{0, 1}, nullptr, nullptr, as_given);
+  Trainer t(TrainerOptions().strategy_object(unsharded).use_distributed_sampler(false));
+  expect_invalid([] { CSVLogger l(CSVLoggerOptions(".").flush_logs_every_n_steps(0)); }, {"flush_logs_every_n_steps=0", ">= 1"});
+}
+
 TEST(Options, ReduceOpNames) {
   EXPECT_EQ(parse_reduce_op("MEAN"), ReduceOp::kMean);
   EXPECT_EQ(parse_reduce_op("avg"), ReduceOp::kMean);

@@ -792,3 +792,36 @@ TEST(Signals, StopSignalEndsAWorkerWaitingAtTheRendezvous) {
     }
   }
 }
+
+namespace {
+
+// Rank 0, the one that writes metrics.csv, is killed at step 105.
+struct KilledAtStep105 : fulgur::testing::TinyRegression {
+  StepOutput training_step(const Batch& b, int64_t i) override {
+    if (trainer()->global_rank() == 0 && trainer()->global_step() == 105) ::raise(SIGKILL);
+    return TinyRegression::training_step(b, i);
+  }
+};
+
+}  // namespace
+
+// metrics.csv is written as the rows come, flushed every 100 steps (Lightning's
+// flush_logs_every_n_steps): a SIGKILL loses the rows since the last flush only.
+TEST(Faults, SigkilledWriterLeavesTheMetricsUpToTheLastFlush) {
+  TempDir dir;
+  KilledAtStep105 m;
+  Trainer t(TrainerOptions().accelerator("cpu").strategy("ddp").devices(2).max_epochs(10).log_every_n_steps(1)
+                .default_root_dir(dir.path).enable_progress_bar(false).enable_checkpointing(false)
+                .collective_timeout_ms(20000));
+  // 32 steps an epoch: 64 samples per rank in batches of 2.
+  auto data = std::make_shared<DataLoader>(fulgur::testing::regression_data(128), DataLoaderOptions(2));
+  EXPECT_THROW(t.fit(m, data), WorkerFailure);
+  std::istringstream csv(read_file(dir.path + "/lightning_logs/version_0/metrics.csv"));
+  std::string header;
+  std::getline(csv, header);
+  EXPECT_EQ(header, "epoch,train_loss,step");
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(csv, line);) steps.push_back(std::stoll(line.substr(line.rfind(',') + 1)));
+  ASSERT_EQ(steps.size(), 100u) << "rows of steps 1..100 (flushed at step 100), not those of 101..104";
+  for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i], static_cast<int64_t>(i) + 1);
+}

@@ -2,6 +2,7 @@
 
 #include "support.h"
 
+#include "runtime/log.h"
 #include "runtime/threads.h"
 
 #include <fulgur/strategies/ddp.h>
@@ -9,9 +10,11 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -463,4 +466,255 @@ TEST(Strategies, ReduceOnXlaGivesATensorWhoseRowsReadRight) {
   } catch (const std::exception& e) {
     ADD_FAILURE() << e.what();
   }
+}
+
+namespace {
+
+// Logs a test loss, so that a test run adds a column to metrics.csv.
+struct WithTestStep : TinyRegression {
+  StepOutput test_step(const Batch& b, int64_t) override {
+    auto loss = torch::mse_loss(forward(b.data), b.target);
+    log("test_loss", loss, LogOptions().with_sync_dist(true));
+    return loss;
+  }
+};
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::istringstream in(fulgur::testing::read_file(path));
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+std::vector<std::string> folders_in(const std::string& path) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(path)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+// As `mnist --devices 2 --strategy ddp` does: fit on 2 workers, then test.
+// The test row joins the fit's rows in the same version folder; its new
+// column widens the header.
+TEST(Logging, TestAfterATwoWorkerFitAppendsToTheFitsMetricsCsv) {
+  TempDir dir;
+  WithTestStep m;
+  Trainer t(opts(dir.path, "cpu", "ddp", 2).max_epochs(1).log_every_n_steps(2).enable_checkpointing(false));
+  t.fit(m, loader(64, 4));  // 32 samples per rank, 8 steps: rows at steps 2, 4, 6, 8
+  t.test(m, loader(32, 4));
+  EXPECT_EQ(folders_in(dir.path + "/lightning_logs"), (std::vector<std::string>{"version_0"}));
+  EXPECT_EQ(t.logger()->version(), "0");
+  const auto lines = lines_of(dir.path + "/lightning_logs/version_0/metrics.csv");
+  ASSERT_EQ(lines.size(), 6u) << ::testing::PrintToString(lines);
+  EXPECT_EQ(lines[0], "epoch,test_loss,train_loss,step");
+  for (int i = 1; i <= 4; ++i) {
+    EXPECT_EQ(lines[i].substr(0, 3), "0,,") << lines[i];  // epoch 0, no test_loss
+    EXPECT_EQ(lines[i].substr(lines[i].rfind(',') + 1), std::to_string(2 * i)) << lines[i];
+  }
+  EXPECT_NE(lines[5].find(",,8"), std::string::npos) << "test row: no train_loss, step 8: " << lines[5];
+}
+
+// Each epoch's score is fixed; EarlyStopping stops after epoch 3.
+struct ScoredByEpoch : TinyRegression {
+  explicit ScoredByEpoch(std::vector<double> s) : scores(std::move(s)) {}
+  StepOutput validation_step(const Batch&, int64_t) override {
+    log("score", scores.at(current_epoch()));
+    return {};
+  }
+  std::vector<double> scores;
+};
+
+// Counts training batches; its state says which rank it came from.
+struct BatchCounter : Callback {
+  std::string state_key() const override { return "BatchCounter"; }
+  void on_train_batch_end(Trainer& t, LightningModule&, const StepOutput&, const Batch&, int64_t) override {
+    ++batches;
+    rank = t.global_rank();
+  }
+  c10::IValue state_dict() const override {
+    auto d = make_dict();
+    d.insert("batches", batches);
+    d.insert("rank", rank);
+    return d;
+  }
+  void load_state_dict(const c10::IValue& s) override {
+    auto d = c10::impl::toTypedDict<std::string, c10::IValue>(s.toGenericDict());
+    batches = d.at("batches").toInt();
+    rank = d.at("rank").toInt();
+  }
+  int64_t batches = 0;
+  int64_t rank = -1;
+};
+
+TEST(Callbacks, EveryCallbacksStateComesBackFromRankZero) {
+  TempDir dir;
+  ScoredByEpoch m({1.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0});
+  auto es = std::make_shared<EarlyStopping>(EarlyStoppingOptions("score").patience(2));
+  auto counter = std::make_shared<BatchCounter>();
+  Trainer t(opts(dir.path, "cpu", "ddp", 2).max_epochs(7).enable_checkpointing(false).callbacks({es, counter}));
+  t.fit(m, loader(32, 4), loader(16, 4));
+  // Best at epoch 1; epochs 2 and 3 do not improve: stop after epoch 3.
+  EXPECT_EQ(t.current_epoch(), 4);
+  EXPECT_EQ(es->stopped_epoch(), 3);
+  EXPECT_EQ(es->wait_count(), 2);
+  EXPECT_DOUBLE_EQ(es->best_score(), 0.5);
+  EXPECT_EQ(counter->rank, 0);
+  EXPECT_EQ(counter->batches, 4 * 4);  // 4 epochs of 16 samples per rank in batches of 4
+}
+
+namespace {
+
+// Four batches of a fixed problem, from no Dataset: a strategy cannot give it a sampler.
+struct FourBatches : BatchSource {
+  struct Stream : BatchStream {
+    explicit Stream(int64_t i) : i(i) {}
+    std::optional<Batch> next() override {
+      if (i >= 4) return std::nullopt;
+      ++i;
+      return Batch(torch::ones({4, 8}), torch::ones({4, 1}));
+    }
+    int64_t i;
+  };
+  int64_t num_batches() const override { return 4; }
+  void set_epoch(int64_t) override {}
+  std::unique_ptr<BatchStream> open(int64_t skip) override { return std::make_unique<Stream>(skip); }
+};
+
+}  // namespace
+
+// Every rank would train on all of it; the strategy refuses, and says how to fix it.
+TEST(Strategies, SourceThatIsNotADataLoaderIsRefusedOnSeveralRanks) {
+  for (const std::string& accelerator : {"cpu", "xla"}) {
+    TempDir dir;
+    TinyRegression m;
+    Trainer t(opts(dir.path, accelerator, accelerator == "cpu" ? "ddp" : "xla", 2).max_epochs(1).enable_checkpointing(false));
+    try {
+      t.fit(m, std::make_shared<FourBatches>());
+      FAIL() << accelerator << ": a source that is not a DataLoader was used unsharded";
+    } catch (const WorkerFailure& e) {
+      EXPECT_NE(std::string(e.what()).find("not a DataLoader"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("use_distributed_sampler(false)"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A source that shards itself runs when the user says so; a DataLoader is then not sharded either.
+TEST(Strategies, WithoutTheDistributedSamplerEveryLoaderIsUsedAsGiven) {
+  TempDir dir;
+  TinyRegression m;
+  Trainer t(opts(dir.path, "cpu", "ddp", 2).max_epochs(1).use_distributed_sampler(false).enable_checkpointing(false));
+  t.fit(m, std::make_shared<FourBatches>());
+  EXPECT_EQ(t.global_step(), 4);
+  TinyRegression m2;
+  Trainer t2(opts(dir.path, "cpu", "ddp", 2).max_epochs(1).use_distributed_sampler(false).enable_checkpointing(false));
+  t2.fit(m2, loader(64, 4));
+  EXPECT_EQ(t2.global_step(), 16) << "each rank takes all 64 samples";
+}
+
+// The distributed sampler pads (its own drop_last off, as Lightning sets it);
+// the loader's drop_last drops each rank's short last batch. 19 samples on 2
+// ranks: 10 each, 2 batches of 5. A sampler that cut the tail (9 each) would
+// leave 1.
+TEST(Strategies, DistributedSamplerPadsAndDropLastActsOnEachRanksBatches) {
+  TempDir dir;
+  TinyRegression m;
+  Trainer t(opts(dir.path, "cpu", "ddp", 2).max_epochs(1).enable_checkpointing(false));
+  t.fit(m, std::make_shared<DataLoader>(regression_data(19), DataLoaderOptions(5).drop_last(true)));
+  EXPECT_EQ(t.global_step(), 2);
+}
+
+namespace {
+
+// Runs a 2-worker fit in a child process with FULGUR_LOG_LEVEL=`level` (unset
+// when empty) and returns what the job wrote to stderr.
+std::string stderr_of_two_worker_fit(const std::string& root, const std::string& level,
+                                     std::vector<std::shared_ptr<Callback>> callbacks = {}) {
+  const std::string path = root + "/stderr-" + (level.empty() ? "unset" : level) + ".txt";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, STDERR_FILENO);
+    if (level.empty()) ::unsetenv("FULGUR_LOG_LEVEL");
+    else ::setenv("FULGUR_LOG_LEVEL", level.c_str(), 1);
+    int code = 0;
+    try {
+      TinyRegression m;
+      Trainer t(opts(root + "/run-" + level, "cpu", "ddp", 2).max_steps(4).enable_checkpointing(false).callbacks(callbacks));
+      t.fit(m, loader(64, 4));
+    } catch (...) {
+      code = 1;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << ": " << fulgur::testing::read_file(path);
+  return fulgur::testing::read_file(path);
+}
+
+int64_t count_of(const std::string& text, const std::string& what) {
+  int64_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+// Information is rank 0's (Lightning's rank_zero_info): one cluster-environment line for the job.
+TEST(Logging, TwoWorkersPrintTheClusterEnvironmentOnce) {
+  TempDir dir;
+  const std::string err = stderr_of_two_worker_fit(dir.path, "");
+  EXPECT_EQ(count_of(err, "cluster environment"), 1) << err;
+  EXPECT_EQ(count_of(err, ":0"), 0) << "a port the single-node job does not use: " << err;
+}
+
+namespace {
+
+// Every rank writes 50 long lines at each batch, all at once.
+struct Chatty : Callback {
+  std::string state_key() const override { return "Chatty"; }
+  void on_train_batch_end(Trainer& t, LightningModule&, const StepOutput&, const Batch&, int64_t) override {
+    const std::string line(300, static_cast<char>('a' + t.global_rank()));
+    for (int i = 0; i < 50; ++i) runtime::log(runtime::LogLevel::kWarning, line);
+  }
+};
+
+}  // namespace
+
+// Two ranks' lines never share a line; FULGUR_LOG_LEVEL chooses what is written, "off" nothing.
+TEST(Logging, LinesOfTwoRanksStayWholeAndTheLevelIsChosenByEnvironment) {
+  TempDir dir;
+  const std::string rank0 = "fulgur: rank 0: " + std::string(300, 'a');
+  const std::string rank1 = "fulgur: rank 1: " + std::string(300, 'b');
+  std::istringstream lines(stderr_of_two_worker_fit(dir.path, "", {std::make_shared<Chatty>()}));
+  int64_t from0 = 0, from1 = 0, info = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line == rank0) {
+      ++from0;
+    } else if (line == rank1) {
+      ++from1;
+    } else {
+      EXPECT_EQ(line.rfind("fulgur: cluster environment lightning: world size 2, global rank 0,", 0), 0u)
+          << "not a whole line of one rank: " << line;
+      ++info;
+    }
+  }
+  EXPECT_EQ(from0, 4 * 50);
+  EXPECT_EQ(from1, 4 * 50);
+  EXPECT_EQ(info, 1);
+  const std::string quiet = stderr_of_two_worker_fit(dir.path, "warning", {std::make_shared<Chatty>()});
+  EXPECT_EQ(count_of(quiet, "cluster environment"), 0);
+  EXPECT_EQ(count_of(quiet, "\n"), 2 * 4 * 50);
+  EXPECT_EQ(count_of(stderr_of_two_worker_fit(dir.path, "debug"), "cluster environment"), 2) << "every rank's, at debug";
+  EXPECT_EQ(stderr_of_two_worker_fit(dir.path, "off", {std::make_shared<Chatty>()}), "");
 }

@@ -231,6 +231,73 @@ TEST(Logging, StepAndEpochValuesAndMetricsCsv) {
   EXPECT_TRUE(fs::exists(dir.path + "/lightning_logs/version_1/metrics.csv"));
 }
 
+TEST(Logging, CsvLoggerWritesEveryNStepsAppendsAndWidensItsHeader) {
+  TempDir dir;
+  const std::string csv = dir.path + "/lightning_logs/version_0/metrics.csv";
+  {
+    CSVLogger logger(CSVLoggerOptions(dir.path).flush_logs_every_n_steps(3));
+    logger.log_metrics({{"a", 1.0}}, 1);
+    logger.log_metrics({{"a", 2.0}}, 2);
+    EXPECT_FALSE(fs::exists(csv)) << "2 steps: the rows are kept";
+    logger.log_metrics({{"a", 3.0}}, 3);
+    EXPECT_EQ(read(csv), "a,step\n1,1\n2,2\n3,3\n");
+    logger.log_metrics({{"b", 0.5}}, 4);
+    logger.save();
+    EXPECT_EQ(read(csv), "a,b,step\n1,,1\n2,,2\n3,,3\n,0.5,4\n");
+  }
+  // Another logger on the same version (as the worker of a later stage) appends.
+  CSVLogger again(CSVLoggerOptions(dir.path).version(0));
+  again.log_metrics({{"b", 1.5}}, 5);
+  again.finalize("success");
+  EXPECT_EQ(read(csv), "a,b,step\n1,,1\n2,,2\n3,,3\n,0.5,4\n,1.5,5\n");
+  // A line cut short by a killed writer stays apart from the next row.
+  std::ofstream(csv, std::ios::app) << "4,";
+  again.log_metrics({{"a", 6.0}}, 6);
+  again.save();
+  EXPECT_EQ(read(csv), "a,b,step\n1,,1\n2,,2\n3,,3\n,0.5,4\n,1.5,5\n4,\n6,,6\n");
+  EXPECT_THROW(CSVLogger(CSVLoggerOptions(dir.path).flush_logs_every_n_steps(0)), std::invalid_argument);
+}
+
+// Batches built by loader threads train (they were once made in inference
+// mode, which backward refuses).
+TEST(Loops, LoaderThreadsFeedTraining) {
+  TempDir dir;
+  TinyRegression m;
+  Trainer t(quiet(dir.path).max_epochs(1).enable_checkpointing(false));
+  t.fit(m, std::make_shared<DataLoader>(regression_data(64), DataLoaderOptions(8).num_workers(2)));
+  EXPECT_EQ(t.global_step(), 8);
+}
+
+// A fit that throws still leaves the rows logged before (Lightning's finalize("failed")).
+TEST(Logging, AStageThatThrowsStillWritesItsRows) {
+  struct ThrowsAtStep5 : TinyRegression {
+    StepOutput training_step(const Batch& b, int64_t i) override {
+      if (trainer()->global_step() == 5) throw std::runtime_error("boom at step 5");
+      return TinyRegression::training_step(b, i);
+    }
+  } m;
+  TempDir dir;
+  Trainer t(quiet(dir.path).max_epochs(1).log_every_n_steps(1).enable_checkpointing(false));
+  EXPECT_THROW(t.fit(m, loader(80, 8)), std::runtime_error);
+  std::istringstream csv(read(dir.path + "/lightning_logs/version_0/metrics.csv"));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(csv, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 6u) << "header and the rows of steps 1..5";
+  EXPECT_EQ(lines[5].substr(lines[5].rfind(',') + 1), "5");
+}
+
+TEST(Logging, UnknownLogLevelIsRefusedBeforeAnyRun) {
+  ::setenv("FULGUR_LOG_LEVEL", "loud", 1);
+  try {
+    Trainer t(quiet("."));
+    ADD_FAILURE() << "FULGUR_LOG_LEVEL=loud was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("FULGUR_LOG_LEVEL=loud"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("debug, info, warning, error, off"), std::string::npos) << e.what();
+  }
+  ::unsetenv("FULGUR_LOG_LEVEL");
+}
+
 TEST(Logging, NonScalarValueIsRefused) {
   struct Bad : TinyRegression {
     StepOutput training_step(const Batch& b, int64_t i) override {
@@ -566,6 +633,45 @@ TEST(FusedOptimizer, LeavesOtherOptimizersAndTensorsToLibtorch) {
   const auto before = p.detach().clone();
   EXPECT_TRUE(fulgur::detail::fused_optimizer_step(adam));
   EXPECT_FALSE(torch::equal(before, p.detach()));
+}
+
+// A checkpoint with weights and optimizer state but not fulgur's loop state
+// (Lightning 2.x keeps loops.fit_loop in another layout).
+TEST(Checkpoint, ForeignLoopStateNamesFileAndMissingKey) {
+  TempDir dir;
+  TinyRegression m;
+  Trainer t(quiet(dir.path).max_steps(1).enable_checkpointing(false));
+  t.fit(m, loader(16, 8));
+  const std::string good = dir.path + "/good.ckpt";
+  t.save_checkpoint(good);
+  auto expect_refused = [&](const std::string& name, const std::function<void(Checkpoint&)>& edit, const std::string& key) {
+    Checkpoint c = TorchCheckpointIO().load_checkpoint(good);
+    edit(c);
+    const std::string path = dir.path + "/" + name;
+    TorchCheckpointIO().save_checkpoint(c, path);
+    TinyRegression m2;
+    Trainer t2(quiet(dir.path).max_steps(2).enable_checkpointing(false));
+    try {
+      t2.fit(m2, loader(16, 8), nullptr, path);
+      ADD_FAILURE() << name << " was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(dynamic_cast<const std::runtime_error*>(&e), nullptr) << name << ": not a std::runtime_error: " << e.what();
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << name << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("missing key '" + key + "'"), std::string::npos) << name << ": " << e.what();
+    }
+  };
+  expect_refused("no-loops.ckpt", [](Checkpoint& c) { ASSERT_TRUE(c.erase("loops")); }, "loops");
+  expect_refused("no-fit-loop.ckpt", [](Checkpoint& c) { c.insert_or_assign("loops", make_dict()); }, "loops.fit_loop");
+  expect_refused("lightning-fit-loop.ckpt", [](Checkpoint& c) {
+    auto fit_loop = make_dict();
+    fit_loop.insert("state_dict", make_dict());
+    fit_loop.insert("epoch_loop.state_dict", make_dict());
+    auto loops = make_dict();
+    loops.insert("fit_loop", fit_loop);
+    c.insert_or_assign("loops", loops);
+  }, "loops.fit_loop.epoch");
+  expect_refused("no-torch-generator.ckpt", [](Checkpoint& c) { c.insert_or_assign("rng_states", make_dict()); },
+                 "rng_states.torch");
 }
 
 namespace {

@@ -89,7 +89,10 @@ struct TrainerOptions {
   TORCH_ARG(bool, logger) = true;
   TORCH_ARG(std::shared_ptr<Logger>, logger_object) = nullptr;
   TORCH_ARG(std::vector<std::shared_ptr<Callback>>, callbacks) = {};
-  // Seeds torch's generator (and the samplers) on every rank before setup.
+  // seed_everything(seed) on every rank before setup. The weights a module
+  // draws in its constructor come earlier: call fulgur::seed_everything first
+  // for a reproducible run. A DataLoader's shuffle order comes from its own
+  // DataLoaderOptions::seed.
   TORCH_ARG(std::optional<uint64_t>, seed) = std::nullopt;
   TORCH_ARG(bool, deterministic) = false;
   // Run n batches of train/val/test once, no checkpoints or logs (0 = off).
@@ -100,6 +103,13 @@ struct TrainerOptions {
   TORCH_ARG(std::string, start_method) = "fork";
   // Stop the run on SIGTERM/SIGINT at the next step boundary, after a checkpoint.
   TORCH_ARG(bool, handle_signals) = true;
+  // Under a parallel strategy, give each DataLoader a DistributedSampler (each
+  // rank its share) and refuse any other BatchSource, which every rank would
+  // use whole. false: every loader is used as given, so it must yield only
+  // this rank's share itself (Lightning's use_distributed_sampler=False). A
+  // strategy_object decides by its ParallelOptions::use_distributed_sampler
+  // (false here with true there is refused).
+  TORCH_ARG(bool, use_distributed_sampler) = true;
 };
 
 // Metric name -> value.

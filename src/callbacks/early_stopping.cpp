@@ -2,8 +2,9 @@
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
+#include "runtime/log.h"
+
 #include <cmath>
-#include <iostream>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -44,7 +45,7 @@ void EarlyStopping::check(Trainer& trainer) {
     const std::string msg = "EarlyStopping could not find the monitored metric '" + options_.monitor() +
                             "' among the logged ones: [" + logged + "]";
     if (options_.strict()) throw std::runtime_error(msg + "; log it, or set strict(false)");
-    if (trainer.is_global_zero()) std::cerr << "fulgur: warning: " << msg << std::endl;
+    runtime::log_rank_zero(runtime::LogLevel::kWarning, "warning: " + msg);
     return;
   }
   const double current = it->second;
@@ -77,7 +78,7 @@ void EarlyStopping::check(Trainer& trainer) {
     reason_ = why.str();
     stopped_epoch_ = trainer.current_epoch();
     trainer.set_should_stop(true);
-    if (trainer.is_global_zero() && !reason_.empty()) std::cerr << "fulgur: " << reason_ << ". Stopping." << std::endl;
+    if (!reason_.empty()) runtime::log_rank_zero(runtime::LogLevel::kInfo, reason_ + ". Stopping.");
   }
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "distributed/network.h"
+#include "runtime/log.h"
 #include "runtime/signals.h"
 #include "runtime/threads.h"
 
@@ -232,11 +233,11 @@ std::vector<std::string> own_argv() {
   } catch (const CollectiveError& e) {
     // Usually the consequence of another rank's failure.
     write_error_record(dir, rank, "collective", e.what());
-    std::cerr << "fulgur: rank " << rank << " failed: " << e.what() << std::endl;
+    runtime::log(runtime::LogLevel::kError, "failed: " + std::string(e.what()));
     worker_exit(1);
   } catch (const std::exception& e) {
     write_error_record(dir, rank, "exception", e.what());
-    std::cerr << "fulgur: rank " << rank << " failed: " << e.what() << std::endl;
+    runtime::log(runtime::LogLevel::kError, "failed: " + std::string(e.what()));
     worker_exit(1);
   } catch (...) {
     write_error_record(dir, rank, "exception", "unknown exception");
@@ -266,7 +267,8 @@ std::vector<std::string> own_argv() {
   const int err = pthread_create(&thread, &attr, body, &job);
   pthread_attr_destroy(&attr);
   if (err != 0) {
-    std::fprintf(stderr, "fulgur: cannot start the worker thread (%s); running on the main thread\n", std::strerror(err));
+    runtime::log(runtime::LogLevel::kWarning, std::string("cannot start the worker thread (") + std::strerror(err) +
+                                                  "); running on the main thread");
     runtime::apply_thread_policy(local_world_size);
     run_worker(fn);
   }

@@ -32,16 +32,47 @@ std::string scalar_text(const c10::IValue& v) {
   return os.str();
 }
 
+// The cells of one line of metrics.csv (metric names hold no commas, values are numbers).
+std::vector<std::string> split_cells(const std::string& line) {
+  std::vector<std::string> cells;
+  std::string cell;
+  std::istringstream in(line);
+  while (std::getline(in, cell, ',')) cells.push_back(cell);
+  if (!line.empty() && line.back() == ',') cells.emplace_back();
+  return cells;
+}
+
+std::string join_cells(const std::vector<std::string>& cells) {
+  std::string out;
+  for (size_t i = 0; i < cells.size(); ++i) out += (i ? "," : "") + cells[i];
+  return out;
+}
+
+// Columns sorted, "step" last.
+std::vector<std::string> column_order(std::set<std::string> keys) {
+  keys.erase("step");
+  std::vector<std::string> cols(keys.begin(), keys.end());
+  cols.push_back("step");
+  return cols;
+}
+
 }  // namespace
 
+CSVLogger::CSVLogger(CSVLoggerOptions options) : options_(std::move(options)) {
+  if (options_.flush_logs_every_n_steps() < 1) {
+    throw std::invalid_argument("CSVLogger: flush_logs_every_n_steps=" + std::to_string(options_.flush_logs_every_n_steps()) +
+                                " must be >= 1");
+  }
+}
+
 CSVLogger::CSVLogger(std::string root_dir, std::string name, std::optional<int64_t> version)
-    : root_dir_(std::move(root_dir)), name_(std::move(name)), version_(version) {}
+    : CSVLogger(CSVLoggerOptions(std::move(root_dir)).name(std::move(name)).version(version)) {}
 
 std::string CSVLogger::version() {
-  if (!version_) {
+  if (!options_.version()) {
     int64_t next = 0;
     std::error_code ec;
-    const fs::path dir = fs::path(root_dir_) / name_;
+    const fs::path dir = fs::path(options_.root_dir()) / options_.name();
     if (fs::is_directory(dir, ec)) {
       for (const auto& e : fs::directory_iterator(dir, ec)) {
         const std::string n = e.path().filename().string();
@@ -52,17 +83,20 @@ std::string CSVLogger::version() {
         }
       }
     }
-    version_ = next;
+    options_.version(next);
   }
-  return std::to_string(*version_);
+  return std::to_string(*options_.version());
 }
 
-std::string CSVLogger::log_dir() { return (fs::path(root_dir_) / name_ / ("version_" + version())).string(); }
+std::string CSVLogger::log_dir() {
+  return (fs::path(options_.root_dir()) / options_.name() / ("version_" + version())).string();
+}
 
 void CSVLogger::log_metrics(const std::map<std::string, double>& metrics, int64_t step) {
   auto row = metrics;
   row["step"] = static_cast<double>(step);
   rows_.push_back(std::move(row));
+  if (step - written_step_ >= options_.flush_logs_every_n_steps()) save();
 }
 
 void CSVLogger::log_hyperparams(const c10::Dict<std::string, c10::IValue>& hparams) {
@@ -78,35 +112,73 @@ void CSVLogger::log_hyperparams(const c10::Dict<std::string, c10::IValue>& hpara
 void CSVLogger::save() {
   if (rows_.empty()) return;
   fs::create_directories(log_dir());
-  std::set<std::string> keys;
-  for (const auto& r : rows_)
-    for (const auto& kv : r) keys.insert(kv.first);
-  keys.erase("step");
-  std::vector<std::string> cols(keys.begin(), keys.end());
-  cols.push_back("step");
   const fs::path path = fs::path(log_dir()) / "metrics.csv";
-  const fs::path tmp = fs::path(log_dir()) / ".metrics.csv.tmp";
-  {
-    std::ofstream out(tmp);
-    out << std::setprecision(std::numeric_limits<double>::max_digits10);
-    for (size_t i = 0; i < cols.size(); ++i) out << (i ? "," : "") << cols[i];
-    out << "\n";
-    for (const auto& r : rows_) {
-      for (size_t i = 0; i < cols.size(); ++i) {
-        if (i) out << ",";
-        auto it = r.find(cols[i]);
-        if (it == r.end()) continue;
-        if (cols[i] == "step" || cols[i] == "epoch") {
-          out << static_cast<int64_t>(it->second);
-        } else {
-          out << it->second;
-        }
-      }
-      out << "\n";
-    }
-    if (!out) throw std::runtime_error("CSVLogger: cannot write " + tmp.string());
+  // What the file holds already: its header, and whether its last line is whole.
+  std::vector<std::string> cols;
+  bool whole_lines = true;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec) && fs::file_size(path, ec) > 0) {
+    std::ifstream in(path, std::ios::binary);
+    std::string header;
+    std::getline(in, header);
+    cols = split_cells(header);
+    in.clear();
+    in.seekg(-1, std::ios::end);
+    whole_lines = in.get() == '\n';
   }
-  fs::rename(tmp, path);
+  std::set<std::string> keys(cols.begin(), cols.end());
+  bool widened = false;
+  for (const auto& r : rows_)
+    for (const auto& kv : r) widened = keys.insert(kv.first).second || widened;
+  if (cols.empty()) {
+    cols = column_order(keys);
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << join_cells(cols) << "\n";
+    if (!out) throw std::runtime_error("CSVLogger: cannot write " + path.string());
+  } else if (widened) {
+    // A new column: rewrite the file with the wider header (to a temporary, then rename).
+    std::vector<std::string> wider = column_order(keys);
+    const fs::path tmp = fs::path(log_dir()) / ".metrics.csv.tmp";
+    {
+      std::ifstream in(path, std::ios::binary);
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      std::string line;
+      std::getline(in, line);
+      out << join_cells(wider) << "\n";
+      while (std::getline(in, line)) {
+        const auto cells = split_cells(line);
+        std::map<std::string, std::string> by_name;
+        for (size_t i = 0; i < cells.size() && i < cols.size(); ++i) by_name[cols[i]] = cells[i];
+        std::vector<std::string> row;
+        for (const auto& c : wider) row.push_back(by_name.count(c) ? by_name[c] : "");
+        out << join_cells(row) << "\n";
+      }
+      if (!out) throw std::runtime_error("CSVLogger: cannot write " + tmp.string());
+    }
+    fs::rename(tmp, path);
+    cols = std::move(wider);
+    whole_lines = true;
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::app);
+  out << std::setprecision(std::numeric_limits<double>::max_digits10);
+  if (!whole_lines) out << "\n";  // a line cut by a killed writer stays a line of its own
+  for (const auto& r : rows_) {
+    for (size_t i = 0; i < cols.size(); ++i) {
+      if (i) out << ",";
+      auto it = r.find(cols[i]);
+      if (it == r.end()) continue;
+      if (cols[i] == "step" || cols[i] == "epoch") {
+        out << static_cast<int64_t>(it->second);
+      } else {
+        out << it->second;
+      }
+    }
+    out << "\n";
+  }
+  out.flush();
+  if (!out) throw std::runtime_error("CSVLogger: cannot append to " + path.string());
+  written_step_ = static_cast<int64_t>(rows_.back().at("step"));
+  rows_.clear();
 }
 
 void CSVLogger::finalize(const std::string& /*status*/) { save(); }

@@ -4,6 +4,7 @@
 
 #include "distributed/gradient_sync.h"
 #include "strategies/xla_common.h"
+#include "runtime/log.h"
 #include "runtime/threads.h"
 #include "trainer/trainer_impl.h"
 #include <fulgur/xla/backend.h>
@@ -128,7 +129,18 @@ void ParallelStrategy::setup_environment() {
   local_rank_ = env->local_rank();
   node_rank_ = env->node_rank();
   world_size_ = env->world_size();
-  std::cerr << "fulgur: " << describe(*env) << std::endl;
+  std::string who = describe(*env);
+  const auto address = who.rfind(", main address");
+  if (const char* store = std::getenv("FULGUR_STORE"); store && *store && address != std::string::npos) {
+    // One node, fulgur's launcher: the rendezvous is a file store, no address or port is used.
+    who.erase(address) += ", rendezvous in a private file store";
+  }
+  // Every rank's line is there at debug level; rank 0's is enough otherwise.
+  if (rank_ == 0) {
+    runtime::log_rank_zero(runtime::LogLevel::kInfo, who);
+  } else {
+    runtime::log(runtime::LogLevel::kDebug, who);
+  }
   const char* lws = std::getenv("LOCAL_WORLD_SIZE");
   const int64_t local_world = lws && *lws ? std::atoll(lws) : static_cast<int64_t>(parallel_devices_.size());
   runtime::apply_thread_policy(local_world);
@@ -274,9 +286,34 @@ void ParallelStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::
   throw std::runtime_error(what);
 }
 
+namespace {
+
+// Whether `source` is what process_dataloader made for `world` ranks: a
+// DataLoader with such a DistributedSampler, maybe inside DeviceLoaders.
+bool sharded_for(const BatchSource& source, int64_t world) {
+  if (const auto* device = dynamic_cast<const DeviceLoader*>(&source)) return sharded_for(*device->inner(), world);
+  const auto* dl = dynamic_cast<const DataLoader*>(&source);
+  const auto* sampler = dl ? dynamic_cast<const DistributedSampler*>(&dl->sampler()) : nullptr;
+  return sampler && sampler->options().num_replicas == world;
+}
+
+}  // namespace
+
 std::shared_ptr<BatchSource> ParallelStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {
+  if (world_size() == 1 || !options_.use_distributed_sampler || sharded_for(*loader, world_size())) return loader;
   auto dl = std::dynamic_pointer_cast<DataLoader>(loader);
-  if (!dl || world_size() == 1) return loader;
+  if (!dl) {
+    const bool device = std::dynamic_pointer_cast<DeviceLoader>(loader) != nullptr;
+    throw std::invalid_argument(
+        std::string("process_dataloader: the loader is ") +
+        (device ? "a DeviceLoader over a source that is not a sharded DataLoader" : "not a DataLoader") +
+        ", so it cannot be given a DistributedSampler, and each of the " + std::to_string(world_size()) +
+        " ranks would train on all of it. Pass a DataLoader over a Dataset (the strategy gives each rank its share" +
+        (device ? " and wraps it for the device itself" : "") +
+        "), or make the source yield only this rank's share (trainer.global_rank() of world_size()) and set "
+        "TrainerOptions().use_distributed_sampler(false) (ParallelOptions::use_distributed_sampler for a strategy "
+        "object)");
+  }
   DistributedSampler::Options so;
   so.num_replicas = world_size();
   so.rank = global_rank();
@@ -343,7 +380,7 @@ std::unique_ptr<detail::GradientSync> XLAStrategy::make_gradient_sync() {
 }
 
 std::shared_ptr<BatchSource> XLAStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {
-  if (std::dynamic_pointer_cast<DeviceLoader>(loader)) return loader;
+  // A DeviceLoader that process_dataloader made comes back unchanged from both steps.
   return detail::xla_device_loader(ParallelStrategy::process_dataloader(std::move(loader)), root_device());
 }
 

@@ -49,6 +49,7 @@ std::shared_ptr<Strategy> make_strategy(const StrategyRequest& req) {
   po.timeout = req.collective_timeout;
   po.num_nodes = req.num_nodes;
   po.start_method = req.start_method;
+  po.use_distributed_sampler = req.use_distributed_sampler;
   po.debug = name == "xla_debug";
   if (name == "ddp") {
     if (accelerator->name() != "cpu") {

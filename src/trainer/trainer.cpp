@@ -3,10 +3,12 @@
 #include <fulgur/checkpoint.h>
 #include <fulgur/loggers/csv_logger.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
+#include <fulgur/strategies/ddp.h>
 #include <fulgur/strategies/registry.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
+#include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/signals.h"
 #include "trainer/optim_state.h"
@@ -16,6 +18,7 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <iostream>
 #include <limits>
@@ -59,6 +62,32 @@ T* find_callback(const std::vector<std::shared_ptr<Callback>>& callbacks) {
   return nullptr;
 }
 
+// checkpoint[path[0]][path[1]]...: state that fulgur's Trainer writes (the
+// loop position, the generators). A checkpoint written elsewhere (Lightning
+// keeps loops.fit_loop in another layout) may lack it; the error names the
+// file, the whole key and what to do instead.
+c10::IValue checkpoint_entry(const Checkpoint& checkpoint, const std::vector<std::string>& path,
+                             const std::string& where, const c10::TypePtr& type = nullptr) {
+  const std::string hint =
+      "; fulgur's Trainer writes it (see docs/ARCHITECTURE.md, checkpoint format). To start from the weights of a "
+      "checkpoint written elsewhere, load them with fulgur::load_from_checkpoint(model, path) and call fit without "
+      "ckpt_path";
+  c10::IValue v(checkpoint);
+  std::string dotted;
+  for (const auto& key : path) {
+    if (!v.isGenericDict()) throw std::runtime_error(where + ": '" + dotted + "' is not a dict" + hint);
+    dotted += (dotted.empty() ? "" : ".") + key;
+    const auto dict = v.toGenericDict();
+    const auto it = dict.find(key);
+    if (it == dict.end()) throw std::runtime_error(where + ": missing key '" + dotted + "'" + hint);
+    v = it->value();
+  }
+  if (type && !v.type()->isSubtypeOf(*type)) {
+    throw std::runtime_error(where + ": '" + dotted + "' is a " + v.type()->str() + ", expected " + type->str() + hint);
+  }
+  return v;
+}
+
 int64_t batch_size_of(const Batch& batch) {
   return batch.data.defined() && batch.data.dim() > 0 ? batch.data.size(0) : 1;
 }
@@ -85,6 +114,7 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
           "gradient_clip_val=" + std::to_string(options.gradient_clip_val().value_or(0)) + " must be >= 0");
   require(options.collective_timeout_ms() > 0,
           "collective_timeout_ms=" + std::to_string(options.collective_timeout_ms()) + " must be > 0");
+  runtime::check_log_level();
   require(options.num_nodes() >= 1, "num_nodes=" + std::to_string(options.num_nodes()) + " must be >= 1");
   if (const char* nodes = std::getenv("NUM_NODES"); nodes && *nodes) {
     require(std::to_string(options.num_nodes()) == nodes,
@@ -116,7 +146,13 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
     req.num_nodes = options.num_nodes();
     req.start_method = options.start_method();
     req.collective_timeout = std::chrono::milliseconds(options.collective_timeout_ms());
+    req.use_distributed_sampler = options.use_distributed_sampler();
     strategy = make_strategy(req);
+  } else if (auto* parallel = dynamic_cast<ParallelStrategy*>(strategy.get());
+             parallel && !options.use_distributed_sampler() && parallel->parallel_options().use_distributed_sampler) {
+    throw std::invalid_argument(
+        "use_distributed_sampler=false, but the strategy_object shards loaders (its "
+        "ParallelOptions::use_distributed_sampler is true); with a strategy object, set it there");
   }
 
   callbacks = options.callbacks();
@@ -413,10 +449,9 @@ void TrainerImpl::fit_loop() {
       std::string path = owner.log_dir() + "/checkpoints/last.ckpt";
       if (auto* mc = owner.checkpoint_callback(); mc && !mc->dirpath().empty()) path = mc->dirpath() + "/last.ckpt";
       owner.save_checkpoint(path);
-      if (strategy->is_global_zero()) {
-        std::cerr << "fulgur: stopping at step " << global_step << " on signal " << (sig ? sig : SIGTERM)
-                  << "; checkpoint saved to " << path << std::endl;
-      }
+      runtime::log_rank_zero(runtime::LogLevel::kWarning, "stopping at step " + std::to_string(global_step) +
+                                                              " on signal " + std::to_string(sig ? sig : SIGTERM) +
+                                                              "; checkpoint saved to " + path);
       if (logger && strategy->is_global_zero()) logger->finalize("interrupted");
       throw WorkerFailure("interrupted by signal " + std::to_string(sig ? sig : SIGTERM) + " at step " +
                               std::to_string(global_step) + "; checkpoint saved to " + path,
@@ -459,12 +494,7 @@ Checkpoint TrainerImpl::dump_checkpoint() {
     sched_states.push_back(s);
   }
   ckpt.insert("lr_schedulers", sched_states);
-  auto cbs = fulgur::make_dict();
-  for (auto& c : callbacks) {
-    auto s = c->state_dict();
-    if (!s.isNone()) cbs.insert(c->state_key(), s);
-  }
-  ckpt.insert("callbacks", cbs);
+  ckpt.insert("callbacks", callback_states());
   auto loop = fulgur::make_dict();
   loop.insert("epoch", current_epoch);
   loop.insert("batches_done", epoch_batches_done);
@@ -497,17 +527,20 @@ constexpr int64_t kMaxSchedulerCount = std::numeric_limits<unsigned>::max();
 
 // The int under `key` of `d`, in [0, bound]; the error names the file, the
 // key (`name`), the value and the bound, with `why` the bound is what it is.
-int64_t read_count(const c10::Dict<std::string, c10::IValue>& d, const std::string& key, const std::string& where,
-                   const std::string& name, int64_t bound, const std::string& why) {
-  if (!d.contains(key)) throw std::runtime_error(where + ": missing key '" + name + "'");
-  const c10::IValue& v = d.at(key);
-  if (!v.isInt()) throw std::runtime_error(where + ": '" + name + "' is " + v.tagKind() + ", expected an int");
-  const int64_t n = v.toInt();
+int64_t check_count(int64_t n, const std::string& where, const std::string& name, int64_t bound, const std::string& why) {
   if (n < 0 || n > bound) {
     throw std::runtime_error(where + ": '" + name + "' is " + std::to_string(n) + ", outside [0, " + std::to_string(bound) +
                              "] (" + why + "); the checkpoint is corrupt or was made for another run");
   }
   return n;
+}
+
+int64_t read_count(const c10::Dict<std::string, c10::IValue>& d, const std::string& key, const std::string& where,
+                   const std::string& name, int64_t bound, const std::string& why) {
+  if (!d.contains(key)) throw std::runtime_error(where + ": missing key '" + name + "'");
+  const c10::IValue v = d.at(key);
+  if (!v.isInt()) throw std::runtime_error(where + ": '" + name + "' is " + v.tagKind() + ", expected an int");
+  return check_count(v.toInt(), where, name, bound, why);
 }
 
 // libtorch's LRScheduler has no setter for its step count, which it keeps
@@ -527,6 +560,21 @@ void set_scheduler_step_count(torch::optim::LRScheduler& scheduler, int64_t n) {
 
 }  // namespace
 
+c10::Dict<std::string, c10::IValue> TrainerImpl::callback_states() const {
+  auto states = fulgur::make_dict();
+  for (const auto& c : callbacks) {
+    auto s = c->state_dict();
+    if (!s.isNone()) states.insert(c->state_key(), s);
+  }
+  return states;
+}
+
+void TrainerImpl::load_callback_states(const c10::IValue& states) {
+  const auto d = c10::impl::toTypedDict<std::string, c10::IValue>(states.toGenericDict());
+  for (auto& c : callbacks)
+    if (d.contains(c->state_key())) c->load_state_dict(d.at(c->state_key()));
+}
+
 void TrainerImpl::restore(const std::string& path) {
   Checkpoint ckpt = strategy->load_checkpoint(path);
   const std::string where = "checkpoint " + path;
@@ -538,6 +586,18 @@ void TrainerImpl::restore(const std::string& path) {
   if (!sd.isGenericDict()) throw std::runtime_error(where + ": 'state_dict' is not a dict");
   load_state_dict(*model, c10::impl::toTypedDict<std::string, c10::IValue>(sd.toGenericDict()), true, where);
   if (stage != Stage::kFit) return;
+  // The loop and generator state first: a checkpoint without it is refused before anything is restored.
+  auto loop_int = [&](const char* key) {
+    return checkpoint_entry(ckpt, {"loops", "fit_loop", key}, where, c10::IntType::get()).toInt();
+  };
+  const int64_t epoch = loop_int("epoch");
+  const int64_t step = loop_int("global_step");
+  const int64_t batches_done = loop_int("batches_done");
+  const bool epoch_finished =
+      checkpoint_entry(ckpt, {"loops", "fit_loop", "epoch_finished"}, where, c10::BoolType::get()).toBool();
+  const at::Tensor rng_states = ckpt.contains("rng_states")
+                                    ? checkpoint_entry(ckpt, {"rng_states", "torch"}, where, c10::TensorType::get()).toTensor()
+                                    : at::Tensor();
   auto opts = get("optimizer_states").toList();
   const auto& cfg = strategy->optimizer_config();
   if (opts.size() != cfg.optimizers.size()) {
@@ -545,14 +605,11 @@ void TrainerImpl::restore(const std::string& path) {
                              std::to_string(cfg.optimizers.size()) + " optimizers");
   }
   // Every count is checked against what this run allows before it is used.
-  auto loop = c10::impl::toTypedDict<std::string, c10::IValue>(
-      c10::impl::toTypedDict<std::string, c10::IValue>(get("loops").toGenericDict()).at("fit_loop").toGenericDict());
-  current_epoch = read_count(loop, "epoch", where, "loops.fit_loop.epoch", kMaxLoopCount, "no run gets that far");
-  global_step = read_count(loop, "global_step", where, "loops.fit_loop.global_step", kMaxLoopCount, "no run gets that far");
-  const int64_t epoch_batches = train_source->num_batches();
-  epoch_batches_done = read_count(loop, "batches_done", where, "loops.fit_loop.batches_done", epoch_batches,
-                                  "the batches of one epoch of this run's training loader");
-  if (loop.at("epoch_finished").toBool()) {
+  current_epoch = check_count(epoch, where, "loops.fit_loop.epoch", kMaxLoopCount, "no run gets that far");
+  global_step = check_count(step, where, "loops.fit_loop.global_step", kMaxLoopCount, "no run gets that far");
+  epoch_batches_done = check_count(batches_done, where, "loops.fit_loop.batches_done", train_source->num_batches(),
+                                   "the batches of one epoch of this run's training loader");
+  if (epoch_finished) {
     ++current_epoch;
     epoch_batches_done = 0;
   }
@@ -577,16 +634,12 @@ void TrainerImpl::restore(const std::string& path) {
     load_optimizer_state_dict(*cfg.optimizers[i], opts.get(i), where + ", optimizer " + std::to_string(i));
     optimizer_state_to_params_device(*cfg.optimizers[i]);
   }
-  auto cbs = c10::impl::toTypedDict<std::string, c10::IValue>(get("callbacks").toGenericDict());
-  for (auto& c : callbacks)
-    if (cbs.contains(c->state_key())) c->load_state_dict(cbs.at(c->state_key()));
-  if (ckpt.contains("rng_states")) {
-    auto rng = c10::impl::toTypedDict<std::string, c10::IValue>(ckpt.at("rng_states").toGenericDict());
-    auto states = rng.at("torch").toTensor();
-    if (states.dim() == 2 && states.size(0) == strategy->world_size()) {
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      gen.set_state(states[strategy->global_rank()].contiguous());
-    }
+  const c10::IValue cbs = get("callbacks");
+  if (!cbs.isGenericDict()) throw std::runtime_error(where + ": 'callbacks' is not a dict");
+  load_callback_states(cbs);
+  if (rng_states.defined() && rng_states.dim() == 2 && rng_states.size(0) == strategy->world_size()) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_state(rng_states[strategy->global_rank()].contiguous());
   }
   model->on_load_checkpoint(ckpt);
 }
@@ -621,10 +674,8 @@ std::string TrainerImpl::resolve_ckpt_path(const std::string& ckpt_path) const {
     }
   }
   if (best.empty()) {
-    if (strategy->is_global_zero()) {
-      std::cerr << "fulgur: warning: ckpt_path=\"last\" but no last.ckpt was found under " << options.default_root_dir()
-                << "; starting from scratch" << std::endl;
-    }
+    runtime::log_rank_zero(runtime::LogLevel::kWarning, "warning: ckpt_path=\"last\" but no last.ckpt was found under " +
+                                                            options.default_root_dir() + "; starting from scratch");
     return "";
   }
   return best.string();
@@ -639,10 +690,7 @@ c10::IValue TrainerImpl::make_result(const std::vector<at::Tensor>& preds) {
   r.insert("callback_metrics", cm);
   r.insert("current_epoch", current_epoch);
   r.insert("global_step", global_step);
-  if (auto* mc = owner.checkpoint_callback()) {
-    r.insert("best_model_path", mc->best_model_path());
-    r.insert("checkpoint_callback", mc->state_dict());
-  }
+  r.insert("callbacks", callback_states());
   if (logger && strategy->is_global_zero()) r.insert("logger_version", logger->version());
   c10::List<at::Tensor> p;
   for (const auto& t : preds) p.push_back(t);
@@ -668,9 +716,7 @@ void TrainerImpl::apply_result(const c10::IValue& value) {
   }
   current_epoch = r.at("current_epoch").toInt();
   global_step = r.at("global_step").toInt();
-  if (auto* mc = owner.checkpoint_callback(); mc && r.contains("checkpoint_callback")) {
-    mc->load_state_dict(r.at("checkpoint_callback"));
-  }
+  load_callback_states(r.at("callbacks"));
   predictions.clear();
   for (const auto& t : r.at("predictions").toTensorList()) predictions.push_back(t);
   if (r.contains("checkpoint")) {
@@ -704,6 +750,20 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     Strategy* s;
     ~Teardown() { s->teardown(); }
   } teardown{strategy.get()};
+  // A stage that throws: rank 0's logger writes the rows it still holds, as
+  // Lightning's finalize("failed"). An error while doing so must not hide the
+  // stage's own, which is already on its way.
+  struct FinalizeOnFailure {
+    TrainerImpl* self;
+    int exceptions = std::uncaught_exceptions();
+    ~FinalizeOnFailure() {
+      if (std::uncaught_exceptions() <= exceptions || !self->logger || !self->strategy->is_global_zero()) return;
+      try {
+        self->logger->finalize("failed");
+      } catch (...) {
+      }
+    }
+  } finalize_on_failure{this};
   if (options.seed()) seed_everything(*options.seed());
   if (options.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
   if (data.datamodule) {

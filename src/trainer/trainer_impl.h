@@ -53,6 +53,10 @@ struct TrainerImpl {
 
   // --- checkpoints ---
   Checkpoint dump_checkpoint();
+  // state_key() -> state_dict() of each callback that has a state.
+  c10::Dict<std::string, c10::IValue> callback_states() const;
+  // Gives each callback its entry of `states` (as callback_states made them), if any.
+  void load_callback_states(const c10::IValue& states);
   void restore(const std::string& path);
   std::string resolve_ckpt_path(const std::string& ckpt_path) const;
 

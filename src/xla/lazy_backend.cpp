@@ -8,6 +8,9 @@
 
 #include <fulgur/xla/backend.h>
 
+#include "runtime/log.h"
+
+
 #include <torch/torch.h>
 
 #include <torch/csrc/lazy/backend/backend_device.h>
@@ -208,22 +211,22 @@ class LazyBackend : public Backend {
       const bool new_signature = compiled_signatures_.insert(current_.key()).second;
       if (new_signature) {
         if (after_warmup) {
-          std::fprintf(stderr,
-                       "fulgur: xla graph recompiled at step %lld (%lld graphs compiled so far); %s; pad the last "
-                       "batch or use drop_last\n",
-                       static_cast<long long>(step), static_cast<long long>(compiled_so_far),
-                       describe_change(previous_, current_).c_str());
+          // Every rank compiles the same graphs: rank 0 tells.
+          runtime::log_rank_zero(runtime::LogLevel::kWarning,
+                                 "xla graph recompiled at step " + std::to_string(step) + " (" +
+                                     std::to_string(compiled_so_far) + " graphs compiled so far); " +
+                                     describe_change(previous_, current_) + "; pad the last batch or use drop_last");
         }
         return;
       }
     }
     if (after_warmup && ++unexplained_ == kUnexplainedRecompiles) {
-      std::fprintf(stderr,
-                   "fulgur: xla graphs keep being recompiled (%lld graphs compiled so far, %lld after warm-up with "
-                   "batch input shapes seen before): the traced graph changes between steps. Look for item() or "
-                   "prints inside the step, data-dependent shapes, or scalars that change every step; "
-                   "fulgur::xla::metrics_report() has details\n",
-                   static_cast<long long>(compiled_so_far), static_cast<long long>(unexplained_));
+      runtime::log_rank_zero(runtime::LogLevel::kWarning,
+                             "xla graphs keep being recompiled (" + std::to_string(compiled_so_far) +
+                                 " graphs compiled so far, " + std::to_string(unexplained_) +
+                                 " after warm-up with batch input shapes seen before): the traced graph changes "
+                                 "between steps. Look for item() or prints inside the step, data-dependent shapes, "
+                                 "or scalars that change every step; fulgur::xla::metrics_report() has details");
     }
   }
 

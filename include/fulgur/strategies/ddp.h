@@ -29,6 +29,9 @@ struct ParallelOptions {
   std::string start_method = "fork";
   // Between SIGTERM and SIGKILL when a worker fails.
   std::chrono::milliseconds grace_period{5000};
+  // process_dataloader shards DataLoaders and refuses other sources; false:
+  // every loader is used as given (it must shard itself).
+  bool use_distributed_sampler = true;
 };
 
 class ParallelStrategy : public Strategy {
@@ -67,7 +70,10 @@ class ParallelStrategy : public Strategy {
   // (std::invalid_argument, else std::runtime_error) with rank 0's message.
   void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
                        const StorageOptions& storage_options = {}) override;
-  // Gives a DataLoader a DistributedSampler for this rank.
+  // On several ranks: gives a DataLoader a DistributedSampler for this rank;
+  // returns what it made before unchanged; throws std::invalid_argument for
+  // any other source (or a DeviceLoader over one), which each rank would use
+  // whole. With use_distributed_sampler off, returns every loader unchanged.
   std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader) override;
 
  protected:

@@ -18,6 +18,7 @@ struct StrategyRequest {
   int64_t num_nodes = 1;
   std::string start_method = "fork";
   std::chrono::milliseconds collective_timeout{std::chrono::minutes(30)};
+  bool use_distributed_sampler = true;
 };
 
 // The names make_strategy accepts.

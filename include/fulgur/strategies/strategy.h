@@ -1,7 +1,15 @@
 #pragma once
-// Strategy: how a model is run on its devices. A strategy holds an
-// Accelerator, a CheckpointIO, a Precision and (for several processes) a
-// Launcher and a ClusterEnvironment; each has a default made on first use.
+// Strategy: how a model is run on its devices. A Strategy holds
+//  - an Accelerator: the one given, or a CPUAccelerator made by the constructor;
+//  - a CheckpointIO and a Precision: the ones given, or TorchCheckpointIO and
+//    Precision("32-true") made on first use (the xla strategies make
+//    XLACheckpointIO and XLAPrecision in their constructors and refuse others);
+//  - the module it runs (connect), and from setup on the optimizers and
+//    schedulers its configure_optimizers returned (optimizer_config).
+// ParallelStrategy (ddp.h) also holds its Launcher, made by its constructor
+// from the cluster environment detected then, and in each worker, from
+// setup_environment to teardown, the process group (collectives). The cluster
+// environment is detected where it is needed, not held.
 
 #include <fulgur/accelerators/accelerator.h>
 #include <fulgur/data/data_loader.h>
@@ -63,7 +71,10 @@ class Strategy {
   virtual StepOutput test_step(const Batch& batch, int64_t batch_idx);
   virtual at::Tensor predict_step(const Batch& batch, int64_t batch_idx);
   virtual void backward(const at::Tensor& loss);
-  // Runs closure, syncs gradients, before_step (hooks, clipping), steps.
+  // Runs closure; then (in the StepHooks this fills for precision().optimizer_step)
+  // a step mark on lazy devices, sync_gradients(), before_step (the trainer's:
+  // on_before_optimizer_step, clipping); the step; then on lazy devices the
+  // pending updates are applied and a step is marked.
   virtual void optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
                               const std::function<void()>& before_step);
   // Whether the next backward's gradients are synced (false while accumulating).

@@ -14,11 +14,15 @@
 
 namespace fulgur {
 
-// The pieces of an optimizer step the strategy and trainer fill in.
+// The parts of an optimizer step around the update, filled by
+// Strategy::optimizer_step (the only caller of Precision::optimizer_step).
 struct StepHooks {
-  // After the closure: gradient sync across ranks, on_before_optimizer_step, clipping.
+  // After the closure: a step mark on lazy devices, the strategy's gradient
+  // sync across ranks, then the trainer's part (on_before_optimizer_step,
+  // gradient clipping), or nothing more under manual optimization.
   std::function<void()> before_step;
-  // After optimizer.step() (the step mark on xla devices).
+  // After the update: on lazy devices the pending updates are applied; then
+  // the strategy's mark_step() (a no-op except on the xla strategies).
   std::function<void()> after_step;
 };
 
@@ -33,8 +37,9 @@ class Precision {
   virtual void convert_module(torch::nn::Module& module) const;
   // Converts floating-point inputs to dtype(); integer targets stay.
   virtual Batch convert_input(const Batch& batch) const;
-  // Runs closure (forward and backward), hooks.before_step, optimizer.step(),
-  // hooks.after_step.
+  // Runs closure (forward and backward), hooks.before_step, the update
+  // (one fused pass for Adam/AdamW on CPU float32 parameters, see
+  // src/optim/fused_adam.h, else optimizer.step()), hooks.after_step.
   virtual void optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
                               const StepHooks& hooks) const;
 
@@ -42,8 +47,9 @@ class Precision {
   std::string name_;
 };
 
-// The XLA precision plugin: the step is followed by a step mark (in
-// hooks.after_step, filled by XLAStrategy).
+// The XLA precision plugin, which the xla strategies require. It behaves as
+// Precision: the step mark that follows the update comes from the strategy's
+// hooks.after_step, not from this class.
 class XLAPrecision : public Precision {
  public:
   using Precision::Precision;

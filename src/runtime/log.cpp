@@ -1,0 +1,70 @@
+#include "runtime/log.h"
+
+#include <fulgur/plugins/environments/cluster_environment.h>
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace fulgur::runtime {
+namespace {
+
+// The lowest level written; -1: none ("off"); -2: a value that is not known.
+int threshold(const std::string& s) {
+  if (s.empty() || s == "info") return static_cast<int>(LogLevel::kInfo);
+  if (s == "debug") return static_cast<int>(LogLevel::kDebug);
+  if (s == "warning") return static_cast<int>(LogLevel::kWarning);
+  if (s == "error") return static_cast<int>(LogLevel::kError);
+  if (s == "off") return -1;
+  return -2;
+}
+
+std::string level_setting() {
+  const char* v = std::getenv("FULGUR_LOG_LEVEL");
+  return v ? v : "";
+}
+
+// The whole line in one write(2) (looping only if the kernel takes part of it).
+void write_line(const std::string& line) {
+  const char* p = line.data();
+  size_t left = line.size();
+  while (left > 0) {
+    const ssize_t n = ::write(STDERR_FILENO, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // stderr is closed or full: the message is lost, the run goes on
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+void check_log_level() {
+  const std::string s = level_setting();
+  if (threshold(s) == -2) {
+    throw std::invalid_argument("FULGUR_LOG_LEVEL=" + s +
+                                " is not known; valid: debug, info, warning, error, off (unset: info)");
+  }
+}
+
+bool log_enabled(LogLevel level) {
+  int lowest = threshold(level_setting());
+  if (lowest == -2) lowest = static_cast<int>(LogLevel::kInfo);  // refused by check_log_level at Trainer construction
+  return lowest >= 0 && static_cast<int>(level) >= lowest;
+}
+
+void log(LogLevel level, const std::string& message) {
+  if (!log_enabled(level)) return;
+  const auto env = detect_cluster_environment();
+  const std::string rank = env->world_size() > 1 ? "rank " + std::to_string(env->global_rank()) + ": " : "";
+  write_line("fulgur: " + rank + message + "\n");
+}
+
+void log_rank_zero(LogLevel level, const std::string& message) {
+  if (!log_enabled(level) || detect_cluster_environment()->global_rank() != 0) return;
+  write_line("fulgur: " + message + "\n");
+}
+
+}  // namespace fulgur::runtime
