@@ -703,14 +703,16 @@ int unused_port() {
 
 // The MNIST example as rank `rank` of 2 processes started by an outside
 // launcher (RANK, WORLD_SIZE, MASTER_PORT set), collective timeout `timeout_s`.
-std::unique_ptr<Child> outside_rank(int rank, int port, int timeout_s, const std::string& dir) {
+std::unique_ptr<Child> outside_rank(int rank, int port, int timeout_s, const std::string& dir,
+                                    const std::string& log_level = "info") {
   const std::string out = dir + "/rank" + std::to_string(rank);
   fs::create_directories(out);
   std::vector<std::string> args = mnist_job(out + "/run", {"--collective-timeout", std::to_string(timeout_s)});
   return std::make_unique<Child>(args, out,
                                  std::vector<std::string>{"RANK=" + std::to_string(rank), "LOCAL_RANK=" + std::to_string(rank),
                                                           "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
-                                                          "MASTER_PORT=" + std::to_string(port)});
+                                                          "MASTER_PORT=" + std::to_string(port),
+                                                          "FULGUR_LOG_LEVEL=" + log_level});
 }
 
 }  // namespace
@@ -776,7 +778,8 @@ TEST(Signals, StopSignalEndsAWorkerWaitingAtTheRendezvous) {
   for (const bool silent_peer : {false, true}) {
     for (int sig : {SIGTERM, SIGINT}) {
       const std::string what = std::string(silent_peer ? "held port" : "no store yet") + ", signal " + std::to_string(sig);
-      auto rank1 = outside_rank(1, silent_peer ? held.port : unused_port(), 60, dir.path);
+      // At debug level every rank prints its cluster-environment line before the rendezvous.
+      auto rank1 = outside_rank(1, silent_peer ? held.port : unused_port(), 60, dir.path, "debug");
       const auto end = Clock::now() + std::chrono::seconds(30);
       while (Clock::now() < end && rank1->stderr_text().find("fulgur: ") == std::string::npos) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
