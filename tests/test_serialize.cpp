@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -328,4 +329,68 @@ print(repr(float(opt.state_dict()['state'][0]['exp_avg'].flatten()[0])))
       *adam.state().at(fulgur::detail::optimizer_state_key(lin->weight)));
   EXPECT_EQ(st.step(), 2);
   EXPECT_NEAR(st.exp_avg().flatten()[0].item<double>(), std::stod(read_file(dir.path + "/out.txt")), 1e-7);
+}
+
+// Issue 16, item 1: an older fulgur stored an unknown optimizer's state as a
+// libtorch archive, which resuming handed to torch::jit::load: TorchScript in
+// the checkpoint was compiled and its __setstate__ ran. A checkpoint whose
+// optimizer state is such an archive, made by Python from a scripted module
+// whose __setstate__ prints a marker, is refused on resume and prints nothing.
+TEST(Serialize, ResumingACheckpointThatCarriesTorchScriptRefusesItWithoutRunningIt) {
+  TempDir dir;
+  const std::string script = R"(
+import sys, torch
+from typing import Tuple
+class Payload(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.x = 1
+    @torch.jit.export
+    def __getstate__(self) -> Tuple[int, bool]:
+        return (self.x, self.training)
+    @torch.jit.export
+    def __setstate__(self, s: Tuple[int, bool]) -> None:
+        print("FULGUR_SETSTATE_RAN")
+        self.x = s[0]
+        self.training = s[1]
+torch.jit.save(torch.jit.script(Payload()), sys.argv[1])
+)";
+  std::ofstream(dir.path + "/make.py") << script;
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + dir.path + "/make.py " + dir.path + "/payload.pt > " + dir.path +
+                         "/out.txt 2>&1").c_str()), 0)
+      << read_file(dir.path + "/out.txt");
+  const std::string payload = read_file(dir.path + "/payload.pt");
+  ASSERT_GT(payload.size(), 100u);
+
+  auto options = TrainerOptions().accelerator("cpu").devices(1).default_root_dir(dir.path).enable_progress_bar(false)
+                     .enable_checkpointing(false).logger(false).num_sanity_val_steps(0);
+  auto data = std::make_shared<DataLoader>(fulgur::testing::regression_data(32), DataLoaderOptions(8));
+  fulgur::testing::TinyRegression m;
+  Trainer t(options.max_steps(2));
+  t.fit(m, data);
+  t.save_checkpoint(dir.path + "/good.ckpt");
+  Checkpoint c = TorchCheckpointIO().load_checkpoint(dir.path + "/good.ckpt");
+  Checkpoint archive_state = make_dict();
+  auto bytes = torch::empty({static_cast<int64_t>(payload.size())}, torch::kUInt8);
+  std::memcpy(bytes.data_ptr(), payload.data(), payload.size());
+  archive_state.insert("fulgur_archive", bytes);
+  c10::impl::GenericList states(c10::AnyType::get());
+  states.push_back(archive_state);
+  c.insert_or_assign("optimizer_states", states);
+  const std::string hostile = dir.path + "/hostile.ckpt";
+  TorchCheckpointIO().save_checkpoint(c, hostile);
+
+  fulgur::testing::TinyRegression m2;
+  Trainer t2(options.max_steps(4));
+  ::testing::internal::CaptureStdout();
+  std::string error;
+  try {
+    t2.fit(m2, data, nullptr, hostile);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_THAT(error, HasSubstr(hostile));
+  EXPECT_THAT(error, HasSubstr("runs TorchScript"));
+  EXPECT_EQ(out.find("FULGUR_SETSTATE_RAN"), std::string::npos) << out;
 }
