@@ -444,13 +444,23 @@ TEST(Checkpoint, LastFindsTheNewestAndMissingStartsFresh) {
   EXPECT_EQ(m3.losses.size(), 2u);
 }
 
+namespace {
+
+// Fits a TinyRegression for one step and saves <dir>/good.ckpt; returns its path.
+std::string fit_one_step_and_save(const std::string& dir) {
+  TinyRegression m;
+  Trainer t(quiet(dir).max_steps(1).enable_checkpointing(false));
+  t.fit(m, loader(16, 8));
+  const std::string good = dir + "/good.ckpt";
+  t.save_checkpoint(good);
+  return good;
+}
+
+}  // namespace
+
 TEST(Checkpoint, CorruptAndForeignCheckpointsNameFileAndKey) {
   TempDir dir;
-  TinyRegression m;
-  Trainer t(quiet(dir.path).max_steps(1).enable_checkpointing(false));
-  t.fit(m, loader(16, 8));
-  const std::string good = dir.path + "/good.ckpt";
-  t.save_checkpoint(good);
+  const std::string good = fit_one_step_and_save(dir.path);
   // Truncated.
   const std::string cut = dir.path + "/cut.ckpt";
   fs::copy_file(good, cut);
@@ -639,11 +649,7 @@ TEST(FusedOptimizer, LeavesOtherOptimizersAndTensorsToLibtorch) {
 // (Lightning 2.x keeps loops.fit_loop in another layout).
 TEST(Checkpoint, ForeignLoopStateNamesFileAndMissingKey) {
   TempDir dir;
-  TinyRegression m;
-  Trainer t(quiet(dir.path).max_steps(1).enable_checkpointing(false));
-  t.fit(m, loader(16, 8));
-  const std::string good = dir.path + "/good.ckpt";
-  t.save_checkpoint(good);
+  const std::string good = fit_one_step_and_save(dir.path);
   auto expect_refused = [&](const std::string& name, const std::function<void(Checkpoint&)>& edit, const std::string& key) {
     Checkpoint c = TorchCheckpointIO().load_checkpoint(good);
     edit(c);
