@@ -126,7 +126,10 @@ TEST_F(Pjrt, DotGeneralMatchesEagerMatmuls) {
   torch::manual_seed(1);
   const auto x = torch::randn({2, 3, 4}), y = torch::randn({2, 4, 5}), v = torch::randn({3, 4}),
              w = torch::randn({5, 4});
+  const double compile_before = pjrt::runtime_metrics().compile_seconds;
   const pjrt::Executable exe = client().compile(kDots);
+  std::printf("compile of the dot_general program: %.0f ms\n",
+              (pjrt::runtime_metrics().compile_seconds - compile_before) * 1e3);
   ASSERT_EQ(exe.num_outputs(), 2u);
   const pjrt::Buffer dx = pjrt::to_device(client(), x), dy = pjrt::to_device(client(), y),
                      dv = pjrt::to_device(client(), v), dw = pjrt::to_device(client(), w);

@@ -33,7 +33,9 @@ struct PJRT_LoadedExecutable;
 namespace fulgur::xla::pjrt {
 
 // Element types of device buffers; the values are PJRT_Buffer_Type's.
-enum class ElementType : int { pred = 1, s8 = 2, s16 = 3, s32 = 4, s64 = 5, u8 = 6, f16 = 10, f32 = 11, f64 = 12, bf16 = 13 };
+enum class ElementType : int {
+  pred = 1, s8 = 2, s16 = 3, s32 = 4, s64 = 5, u8 = 6, f16 = 10, f32 = 11, f64 = 12, bf16 = 13
+};
 
 // Bytes per element; throws std::invalid_argument for a value outside ElementType.
 size_t element_size(ElementType type);

@@ -6,9 +6,10 @@
 #include <sys/stat.h>
 
 #include <cstddef>
+#include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <mutex>
-#include <string_view>
 
 // The pinned CPU plugin implements API 0.81; a header older than the plugin would make
 // argument structs the plugin refuses as too small.
@@ -18,11 +19,11 @@ namespace fulgur::xla::pjrt {
 namespace {
 
 std::string error_code_name(PJRT_Error_Code code) {
-  static const char* const names[] = {"OK",           "CANCELLED",          "UNKNOWN",   "INVALID_ARGUMENT",
-                                      "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS",
-                                      "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-                                      "ABORTED",      "OUT_OF_RANGE",       "UNIMPLEMENTED", "INTERNAL",
-                                      "UNAVAILABLE",  "DATA_LOSS",          "UNAUTHENTICATED"};
+  static const char* const names[] = {
+      "OK",        "CANCELLED",         "UNKNOWN",           "INVALID_ARGUMENT",    "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS",    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",  "FAILED_PRECONDITION",
+      "ABORTED",   "OUT_OF_RANGE",      "UNIMPLEMENTED",     "INTERNAL",            "UNAVAILABLE",
+      "DATA_LOSS", "UNAUTHENTICATED"};
   const auto i = static_cast<size_t>(code);
   return i < std::size(names) ? names[i] : "code " + std::to_string(i);
 }
@@ -75,19 +76,26 @@ PjrtError::PjrtError(std::string call, std::string plugin, std::string cause)
 
 void Plugin::check(PJRT_Error* error, const char* call) const {
   if (!error) return;
+  auto destroy = [this](PJRT_Error* e) {
+    PJRT_Error_Destroy_Args d{};
+    d.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE;
+    d.error = e;
+    api_->PJRT_Error_Destroy(&d);
+  };
   PJRT_Error_Message_Args m{};
   m.struct_size = PJRT_Error_Message_Args_STRUCT_SIZE;
   m.error = error;
   api_->PJRT_Error_Message(&m);
-  std::string message(m.message, m.message_size);
+  const std::string message(m.message, m.message_size);
   PJRT_Error_GetCode_Args c{};
   c.struct_size = PJRT_Error_GetCode_Args_STRUCT_SIZE;
   c.error = error;
-  std::string code = api_->PJRT_Error_GetCode(&c) ? "unknown code" : error_code_name(c.code);
-  PJRT_Error_Destroy_Args d{};
-  d.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE;
-  d.error = error;
-  api_->PJRT_Error_Destroy(&d);
+  std::string code = "unknown code";
+  if (PJRT_Error* code_error = api_->PJRT_Error_GetCode(&c))
+    destroy(code_error);
+  else
+    code = error_code_name(c.code);
+  destroy(error);
   throw PjrtError(call, path_, code + ": " + message);
 }
 
@@ -122,12 +130,17 @@ const Plugin& Plugin::load(const std::string& path) {
   std::lock_guard<std::mutex> lock(mutex);
   if (auto it = loaded.find(path); it != loaded.end()) return *it->second;
 
+  // XLA writes an INFO line to stderr at every client creation; like torch_xla, keep its log
+  // to warnings and errors unless the user chose a level.
+  setenv("TF_CPP_MIN_LOG_LEVEL", "1", /*overwrite=*/0);
   struct stat st {};
   if (stat(path.c_str(), &st) != 0)
     throw PjrtError("loading", path, "no such file (set PJRT_LIBRARY_PATH or PJRT_DEVICE to choose a plugin)");
   if (!S_ISREG(st.st_mode)) throw PjrtError("loading", path, "not a regular file");
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!handle) throw PjrtError("dlopen", path, std::string(dlerror()) + " (not a shared library, or one that cannot load here)");
+  if (!handle)
+    throw PjrtError("dlopen", path,
+                    std::string(dlerror()) + " (not a shared library, or one that cannot load here)");
   using GetPjrtApi = const PJRT_Api* (*)();
   dlerror();
   auto get_api = reinterpret_cast<GetPjrtApi>(dlsym(handle, "GetPjrtApi"));
