@@ -1,0 +1,497 @@
+// The StableHLO emitter (src/xla/stablehlo): TorchScript graphs in the form the lazy TorchScript
+// lowering makes, typed by running them node by node with eager libtorch (as the lazy backend
+// types them from its nodes' shapes), emitted, compiled and run by the real CPU plugin, and
+// compared with libtorch's results.
+//
+// NaN must come out where libtorch's results have NaN (a mean over ignored targets only, addmm
+// of a NaN self with a nonzero beta). Tolerances: float32 results within 1e-5 relative + 1e-6 absolute (XLA fuses multiply-adds and
+// sums in another order than libtorch); reductions over hundreds of terms (the whole MLP step)
+// 1e-4 relative + 1e-5 absolute; integer and bool results exactly.
+
+#include <gtest/gtest.h>
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/ir/irparser.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "support.h"
+#include "xla/pjrt/client.h"
+#include "xla/pjrt/tensors.h"
+#include "xla/stablehlo/emitter.h"
+
+namespace pjrt = fulgur::xla::pjrt;
+using c10::IValue;
+using fulgur::xla::stablehlo::Emission;
+using fulgur::xla::stablehlo::emit_stablehlo;
+using torch::jit::Graph;
+
+namespace {
+
+std::shared_ptr<Graph> parse(const std::string& ir) {
+  auto graph = std::make_shared<Graph>();
+  torch::jit::parseIR(ir, graph.get());
+  return graph;
+}
+
+// Runs `graph` on `inputs` one node at a time with eager libtorch, gives every tensor value the
+// type of its result (sizes and dtype) and returns the graph's outputs.
+std::vector<IValue> run_eager_and_type(Graph& graph, const std::vector<IValue>& inputs) {
+  std::unordered_map<const torch::jit::Value*, IValue> env;
+  auto type = [](torch::jit::Value* v, const IValue& x) {
+    if (x.isTensor())
+      v->setType(c10::TensorType::createContiguous(x.toTensor().scalar_type(), c10::kCPU, x.toTensor().sizes()));
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) env[graph.inputs()[i]] = inputs[i];
+  for (torch::jit::Node* n : graph.nodes()) {
+    if (n->kind() == c10::prim::Constant) {
+      env[n->output()] = *torch::jit::toIValue(n->output());
+      continue;
+    }
+    if (n->kind() == c10::prim::TupleConstruct) {  // the interpreter's own instruction, no operator
+      std::vector<IValue> elements;
+      for (const torch::jit::Value* v : n->inputs()) elements.push_back(env.at(v));
+      env[n->output()] = c10::ivalue::Tuple::create(std::move(elements));
+      continue;
+    }
+    torch::jit::Operation operation = n->getOperation();
+    torch::jit::Stack stack;
+    for (const torch::jit::Value* v : n->inputs()) stack.push_back(env.at(v));
+    operation(stack);
+    for (size_t i = 0; i < n->outputs().size(); ++i) env[n->output(i)] = stack[i];
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) type(graph.inputs()[i], inputs[i]);
+  for (torch::jit::Node* n : graph.nodes())
+    for (torch::jit::Value* v : n->outputs()) type(v, env.at(v));
+  std::vector<IValue> outputs;
+  for (const torch::jit::Value* v : graph.outputs()) outputs.push_back(env.at(v));
+  return outputs;
+}
+
+// Emits `graph`, compiles it on the process's client and runs it on `inputs` (numbers go up as
+// 0-d int64, float64 and bool tensors).
+std::vector<torch::Tensor> run_on_pjrt(const Graph& graph, const std::vector<IValue>& inputs) {
+  const Emission emission = emit_stablehlo(graph);
+  EXPECT_EQ(emission.unsupported, std::vector<std::string>{});
+  if (!emission.unsupported.empty()) return {};
+  const pjrt::Client& client = pjrt::process_client();
+  pjrt::Executable exe = [&] {
+    try {
+      return client.compile(emission.module);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what() << "\n" << emission.module;
+      throw;
+    }
+  }();
+  std::vector<pjrt::Buffer> args;
+  for (const IValue& x : inputs) {
+    const torch::Tensor t = x.isTensor() ? x.toTensor()
+                            : x.isInt()  ? torch::scalar_tensor(x.toInt(), torch::kLong)
+                            : x.isDouble() ? torch::scalar_tensor(x.toDouble(), torch::kDouble)
+                                           : torch::scalar_tensor(x.toBool(), torch::kBool);
+    args.push_back(pjrt::to_device(client, t));
+  }
+  std::vector<const pjrt::Buffer*> arg_ptrs;
+  for (const pjrt::Buffer& b : args) arg_ptrs.push_back(&b);
+  std::vector<torch::Tensor> outputs;
+  for (const pjrt::Buffer& b : exe.execute(arg_ptrs)) outputs.push_back(pjrt::to_tensor(b));
+  return outputs;
+}
+
+struct Tolerance {
+  double rtol = 1e-5;
+  double atol = 1e-6;
+};
+
+constexpr bool kNanEqualsNan = true;
+
+void expect_same(const std::vector<torch::Tensor>& got, const std::vector<IValue>& want, const Tolerance& tol,
+                 const std::string& label) {
+  ASSERT_EQ(got.size(), want.size()) << label;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const torch::Tensor w = want[i].toTensor();
+    EXPECT_EQ(got[i].scalar_type(), w.scalar_type()) << label << " output " << i;
+    EXPECT_EQ(got[i].sizes(), w.sizes()) << label << " output " << i;
+    if (got[i].sizes() != w.sizes() || got[i].scalar_type() != w.scalar_type()) continue;
+    if (w.is_floating_point()) {
+      EXPECT_TRUE(torch::allclose(got[i], w, tol.rtol, tol.atol, kNanEqualsNan))
+          << label << " output " << i << ": largest difference " << (got[i] - w).abs().max().item<double>()
+          << ", largest relative difference " << ((got[i] - w).abs() / w.abs()).max().item<double>()
+          << (w.numel() <= 64 ? "\ngot\n" + c10::str(got[i]) + "\nwant\n" + c10::str(w) : "");
+    } else {
+      EXPECT_TRUE(torch::equal(got[i], w)) << label << " output " << i << "\ngot\n" << got[i] << "\nwant\n" << w;
+    }
+  }
+}
+
+// Parses `ir`, types it on `inputs`, and checks the plugin's results against eager libtorch's.
+void check(const std::string& ir, const std::vector<IValue>& inputs, const std::string& label,
+           const Tolerance& tol = {}) {
+  SCOPED_TRACE(label);
+  const auto graph = parse(ir);
+  const std::vector<IValue> want = run_eager_and_type(*graph, inputs);
+  expect_same(run_on_pjrt(*graph, inputs), want, tol, label);
+}
+
+torch::Tensor targets(int64_t n, int64_t classes, int64_t ignored_every) {
+  torch::Tensor t = torch::randint(classes, {n}, torch::kLong);
+  for (int64_t i = 0; i < n; i += ignored_every) t[i] = -100;
+  return t;
+}
+
+std::string read_graph_file(const std::string& name) {
+  std::ifstream in(std::string(FULGUR_TEST_GRAPHS) + "/" + name);
+  EXPECT_TRUE(in) << "cannot read " << FULGUR_TEST_GRAPHS << "/" << name;
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+IValue step_input(const c10::TypePtr& type, const std::string& dtype, const std::vector<int64_t>& sizes,
+                  int64_t ints) {
+  if (type->kind() == c10::TypeKind::IntType) return ints;
+  if (type->kind() == c10::TypeKind::FloatType) return 0.5 + 0.5 * torch::rand({}).item<double>();
+  if (dtype == "Double") return torch::rand(sizes, torch::kDouble) * 0.5 + 0.5;
+  if (dtype == "Long") return targets(sizes.at(0), 10, 7);
+  EXPECT_EQ(dtype, "Float");
+  // Weights as nn.Linear draws them (std 1/sqrt(fan_in)), so activations keep their size.
+  return sizes.size() == 2 ? torch::randn(sizes) / std::sqrt(static_cast<double>(sizes[1])) : torch::randn(sizes);
+}
+
+// The dtypes and sizes of the device_data nodes of a lazy IR dump, in order.
+std::vector<std::pair<std::string, std::vector<int64_t>>> device_data(const std::string& step) {
+  const std::string ir = read_graph_file(step + ".ir.txt");
+  const std::regex pattern(R"(\[(\w+)\[([0-9,]*)\]\] lazy_tensors::device_data)");
+  std::vector<std::pair<std::string, std::vector<int64_t>>> nodes;
+  for (auto it = std::sregex_iterator(ir.begin(), ir.end(), pattern); it != std::sregex_iterator(); ++it) {
+    std::vector<int64_t> sizes;
+    std::stringstream dims((*it)[2]);
+    for (std::string d; std::getline(dims, d, ',');) sizes.push_back(std::stoll(d));
+    nodes.emplace_back((*it)[1], sizes);
+  }
+  return nodes;
+}
+
+// Inputs for a lazy step's TorchScript graph whose parameters are the device_data nodes of its
+// IR dump one to one (forward/backward, validation). Ints are `ints` (alpha, beta and the relu
+// thresholds), floats and float64 0-d tensors in [0.5, 1), int64 tensors class targets in
+// [0, 10) with every 7th ignored (-100), float32 tensors normal (matrices divided by the square
+// root of their fan-in).
+std::vector<IValue> step_inputs(const std::string& step, const Graph& graph, int64_t ints) {
+  const auto nodes = device_data(step);
+  EXPECT_EQ(nodes.size(), graph.inputs().size()) << step;
+  std::vector<IValue> inputs;
+  for (size_t i = 0; i < nodes.size() && i < graph.inputs().size(); ++i)
+    inputs.push_back(step_input(graph.inputs()[i]->type(), nodes[i].first, nodes[i].second, ints));
+  return inputs;
+}
+
+// Adam's step over the MLP's six parameters: the lazy lowering gave the TorchScript graph one
+// parameter per distinct device data, so its 72 device_data nodes are 52 inputs: 12 for the
+// first tensor (lr, alpha, eps, bias_correction2_sqrt, 1 - beta2, grad, beta2, exp_avg_sq,
+// 1 - beta1, beta1, exp_avg, param; the 4 0-d tensors among them are shared), then 8 for each
+// other one (the same without the shared 4).
+std::vector<IValue> adam_step_inputs(const std::string& step, const Graph& graph) {
+  std::vector<std::vector<int64_t>> shapes;  // the parameters', in order
+  for (const auto& [dtype, sizes] : device_data(step))
+    if (dtype == "Float" && (shapes.empty() || shapes.back() != sizes)) shapes.push_back(sizes);
+  EXPECT_EQ(shapes.size(), 6u);
+  EXPECT_EQ(graph.inputs().size(), 12u + 5 * 8);
+  std::vector<IValue> inputs;
+  for (size_t i = 0; i < graph.inputs().size(); ++i) {
+    const bool shared_scalar = i == 2 || i == 3 || i == 6 || i == 9;
+    const size_t group = i < 12 ? 0 : 1 + (i - 12) / 8;
+    inputs.push_back(step_input(graph.inputs()[i]->type(), shared_scalar ? "Double" : "Float",
+                                shared_scalar ? std::vector<int64_t>{} : shapes.at(group), 1));
+  }
+  return inputs;
+}
+
+// A step's TorchScript graph; its NamedTuple types (which parseIR does not read) as tuples.
+std::shared_ptr<Graph> step_graph(const std::string& step) {
+  return parse(std::regex_replace(read_graph_file(step + ".ts.txt"), std::regex(R"(NamedTuple\([^)]*\))"),
+                                  "(Tensor, Tensor)"));
+}
+
+// Emits a whole step's graph and compares every output with the TorchScript interpreter's.
+void check_step(const std::string& step, const std::shared_ptr<Graph>& graph, const std::vector<IValue>& inputs,
+                const Tolerance& tol) {
+  SCOPED_TRACE(step);
+  torch::jit::GraphExecutor interpreter(graph->copy(), step);
+  torch::jit::Stack stack = inputs;
+  interpreter.run(stack);
+  run_eager_and_type(*graph, inputs);
+  expect_same(run_on_pjrt(*graph, inputs), stack, tol, step);
+}
+
+}  // namespace
+
+TEST(StableHlo, ArithmeticBroadcastsAndConvertsScalarsAsLibtorch) {
+  // add with an int alpha from the graph's inputs (as the lazy lowering passes it), sub with a
+  // constant alpha, a float input and a 0-d float64 tensor as operands of float32 tensors.
+  const std::string ir = R"IR(
+graph(%a : Tensor, %b : Tensor, %s : Tensor, %alpha : int, %f : float):
+  %c : float = prim::Constant[value=2.5]()
+  %x : Tensor = aten::add(%a, %b, %alpha)
+  %y : Tensor = aten::sub(%x, %s, %c)
+  %z : Tensor = aten::mul(%y, %f)
+  %w : Tensor = aten::div(%z, %b)
+  %m : Tensor = aten::mul(%a, %s)
+  %q : Tensor = aten::sqrt(%m)
+  %u : Tensor = aten::addcmul(%a, %b, %b, %f)
+  %v : Tensor = aten::addcdiv(%a, %b, %m, %alpha)
+  return (%x, %y, %z, %w, %q, %u, %v)
+)IR";
+  torch::manual_seed(0);
+  const auto s = torch::scalar_tensor(0.75, torch::kDouble);
+  check(ir, {torch::rand({4, 5}) + 0.5, torch::rand({5}) + 0.5, s, int64_t{3}, 0.3}, "[4,5] with [5]");
+  check(ir, {torch::rand({2, 3, 4}) + 0.5, torch::rand({3, 1}) + 0.5, s, int64_t{-2}, -1.5}, "[2,3,4] with [3,1]");
+  check(ir, {torch::rand({3}) + 0.5, torch::rand({2, 3}) + 0.5, s, int64_t{1}, 2.0}, "[3] with [2,3]");
+}
+
+TEST(StableHlo, TypePromotionOfMixedOperands) {
+  // int64 + float32 -> float32; int64 / int64 -> float32 (true division); int64 tensor * a
+  // float number -> float32; int64 tensor + int number stays int64; sqrt of int64 -> float32.
+  const std::string ir = R"IR(
+graph(%i : Tensor, %j : Tensor, %f : Tensor, %n : int, %x : float):
+  %one : int = prim::Constant[value=1]()
+  %a : Tensor = aten::add(%i, %f, %one)
+  %d : Tensor = aten::div(%i, %j)
+  %m : Tensor = aten::mul(%i, %x)
+  %k : Tensor = aten::add(%i, %n, %one)
+  %r : Tensor = aten::sqrt(%j)
+  %e : Tensor = aten::eq(%i, %f)
+  %g : Tensor = aten::eq(%i, %n)
+  return (%a, %d, %m, %k, %r, %e, %g)
+)IR";
+  const auto i = torch::tensor(std::vector<int64_t>{1, 2, 3, int64_t{1} << 40}),
+             j = torch::tensor(std::vector<int64_t>{4, 3, 2, 7});
+  check(ir, {i, j, torch::tensor({1.0f, 2.5f, 3.0f, -1.0f}), int64_t{2}, 0.5}, "int64 with float32");
+}
+
+TEST(StableHlo, ZeroCopiesViewsAndTransposes) {
+  const std::string ir = R"IR(
+graph(%a : Tensor, %b : Tensor):
+  %none : NoneType = prim::Constant()
+  %false : bool = prim::Constant[value=0]()
+  %f32 : int = prim::Constant[value=6]()
+  %i64 : int = prim::Constant[value=4]()
+  %shape : int[] = prim::Constant[value=[6, 4]]()
+  %wide : int[] = prim::Constant[value=[5, 2, 3, 4]]()
+  %d0 : int = prim::Constant[value=0]()
+  %d2 : int = prim::Constant[value=-1]()
+  %z : Tensor = aten::zero(%a)
+  %zl : Tensor = aten::zeros_like(%b, %none, %none, %none, %none, %none)
+  %det : Tensor = aten::detach_copy(%a)
+  %tof : Tensor = aten::_to_copy(%b, %f32, %none, %none, %none, %false, %none)
+  %toi : Tensor = aten::_to_copy(%a, %i64, %none, %none, %none, %false, %none)
+  %v : Tensor = aten::view_copy(%a, %shape)
+  %t : Tensor = aten::t_copy(%v)
+  %tr : Tensor = aten::transpose_copy(%a, %d0, %d2)
+  %e : Tensor = aten::expand_copy(%a, %wide, %false)
+  return (%z, %zl, %det, %tof, %toi, %v, %t, %tr, %e)
+)IR";
+  torch::manual_seed(1);
+  const auto a = torch::randn({2, 3, 4}) * 4;
+  check(ir, {a, torch::tensor({true, false, true})}, "[2,3,4]");
+}
+
+TEST(StableHlo, MatmulsWithAlphaAndBeta) {
+  const std::string ir = R"IR(
+graph(%self : Tensor, %m1 : Tensor, %m2 : Tensor, %beta : int, %alpha : int, %x : Tensor, %y : Tensor, %fbeta : float):
+  %half : float = prim::Constant[value=0.5]()
+  %two : float = prim::Constant[value=2.]()
+  %zero : int = prim::Constant[value=0]()
+  %mm : Tensor = aten::mm(%m1, %m2)
+  %a1 : Tensor = aten::addmm(%self, %m1, %m2, %beta, %alpha)
+  %a2 : Tensor = aten::addmm(%self, %m1, %m2, %half, %two)
+  %a3 : Tensor = aten::addmm(%self, %m1, %m2, %zero, %alpha)
+  %a4 : Tensor = aten::addmm(%self, %m1, %m2, %fbeta, %alpha)
+  %b : Tensor = aten::bmm(%x, %y)
+  return (%mm, %a1, %a2, %a3, %a4, %b)
+)IR";
+  torch::manual_seed(2);
+  check(ir, {torch::randn({5}), torch::randn({3, 4}), torch::randn({4, 5}), int64_t{1}, int64_t{1},
+             torch::randn({2, 3, 4}), torch::randn({2, 4, 6}), 0.25},
+        "bias [5], alpha = beta = 1");
+  // beta = 0 (a graph input): nan in self does not reach the result, as in libtorch.
+  check(ir, {torch::full({1, 5}, NAN), torch::randn({7, 3}), torch::randn({3, 5}), int64_t{3}, int64_t{-2},
+             torch::randn({1, 2, 3}), torch::randn({1, 3, 2}), 0.0},
+        "self [1,5] of nan, beta = 0");
+}
+
+TEST(StableHlo, ReductionsComparisonsReluAndThresholdBackward) {
+  const std::string ir = R"IR(
+graph(%a : Tensor, %g : Tensor, %i : Tensor, %j : Tensor, %th : int):
+  %none : NoneType = prim::Constant()
+  %true : bool = prim::Constant[value=1]()
+  %false : bool = prim::Constant[value=0]()
+  %d0 : int[] = prim::Constant[value=[0]]()
+  %d02 : int[] = prim::Constant[value=[0, -1]]()
+  %f64 : int = prim::Constant[value=7]()
+  %s0 : Tensor = aten::sum(%a, %d0, %true, %none)
+  %s02 : Tensor = aten::sum(%a, %d02, %false, %none)
+  %sall : Tensor = aten::sum(%a, %none)
+  %sd : Tensor = aten::sum(%a, %f64)
+  %mall : Tensor = aten::mean(%a, %none)
+  %m0 : Tensor = aten::mean(%a, %d0, %false, %none)
+  %eq : Tensor = aten::eq(%i, %j)
+  %si : Tensor = aten::sum(%eq, %none)
+  %r : Tensor = aten::relu(%a)
+  %tb : Tensor = aten::threshold_backward(%g, %r, %th)
+  return (%s0, %s02, %sall, %sd, %mall, %m0, %eq, %si, %r, %tb)
+)IR";
+  torch::manual_seed(3);
+  const auto i = torch::randint(3, {2, 3, 4}, torch::kLong), j = torch::randint(3, {3, 4}, torch::kLong);
+  check(ir, {torch::randn({2, 3, 4}), torch::randn({2, 3, 4}), i, j, int64_t{0}}, "[2,3,4]");
+  check(ir, {torch::randn({5, 1, 7}), torch::randn({5, 1, 7}), torch::randint(2, {5, 1, 7}, torch::kLong),
+             torch::randint(2, {7}, torch::kLong), int64_t{0}},
+        "[5,1,7]");
+}
+
+TEST(StableHlo, LogSoftmaxNllLossAndTheirBackwardsWithIgnoredTargets) {
+  // The MLP's loss and its gradient, as the lazy lowering writes them, with reduction mean (1),
+  // sum (2) and none (0), with and without class weights.
+  const std::string ir = R"IR(
+graph(%x : Tensor, %target : Tensor, %w : Tensor, %grad : Tensor, %gnone : Tensor):
+  %none : NoneType = prim::Constant()
+  %dim : int = prim::Constant[value=1]()
+  %false : bool = prim::Constant[value=0]()
+  %mean : int = prim::Constant[value=1]()
+  %sum : int = prim::Constant[value=2]()
+  %red_none : int = prim::Constant[value=0]()
+  %ignore : int = prim::Constant[value=-100]()
+  %f32 : int = prim::Constant[value=6]()
+  %ls : Tensor = aten::_log_softmax(%x, %dim, %false)
+  %l1 : Tensor, %tw1 : Tensor = aten::nll_loss_forward(%ls, %target, %none, %mean, %ignore)
+  %l2 : Tensor, %tw2 : Tensor = aten::nll_loss_forward(%ls, %target, %w, %sum, %ignore)
+  %l3 : Tensor, %tw3 : Tensor = aten::nll_loss_forward(%ls, %target, %w, %mean, %ignore)
+  %l4 : Tensor, %tw4 : Tensor = aten::nll_loss_forward(%ls, %target, %none, %red_none, %ignore)
+  %g1 : Tensor = aten::nll_loss_backward(%grad, %ls, %target, %none, %mean, %ignore, %tw1)
+  %g3 : Tensor = aten::nll_loss_backward(%grad, %ls, %target, %w, %mean, %ignore, %tw3)
+  %g4 : Tensor = aten::nll_loss_backward(%gnone, %ls, %target, %none, %red_none, %ignore, %tw4)
+  %gx : Tensor = aten::_log_softmax_backward_data(%g1, %ls, %dim, %f32)
+  %gx3 : Tensor = aten::_log_softmax_backward_data(%g3, %ls, %dim, %f32)
+  return (%ls, %l1, %tw1, %l2, %tw2, %l3, %tw3, %l4, %g1, %g3, %g4, %gx, %gx3)
+)IR";
+  torch::manual_seed(4);
+  for (const auto& [n, c] : {std::pair<int64_t, int64_t>{64, 10}, {5, 3}, {1, 7}}) {
+    check(ir,
+          {torch::randn({n, c}) * 3, targets(n, c, 4), torch::rand({c}) + 0.1, torch::scalar_tensor(1.5),
+           torch::randn({n})},
+          "N " + std::to_string(n) + ", C " + std::to_string(c));
+  }
+  // Every target ignored: the mean is 0/0 = nan in libtorch too; only the sum reductions are compared.
+  const std::string sums = R"IR(
+graph(%x : Tensor, %target : Tensor):
+  %none : NoneType = prim::Constant()
+  %sum : int = prim::Constant[value=2]()
+  %ignore : int = prim::Constant[value=-100]()
+  %l : Tensor, %tw : Tensor = aten::nll_loss_forward(%x, %target, %none, %sum, %ignore)
+  return (%l, %tw)
+)IR";
+  check(sums, {torch::randn({3, 4}), torch::full({3}, -100, torch::kLong)}, "all ignored");
+  // A 1-d input with a 0-d target.
+  check(sums, {torch::randn({4}), torch::scalar_tensor(2, torch::kLong)}, "[4] and a 0-d target");
+}
+
+TEST(StableHlo, SoftmaxAndItsBackward) {
+  const std::string ir = R"IR(
+graph(%x : Tensor, %g : Tensor):
+  %dim : int = prim::Constant[value=-1]()
+  %false : bool = prim::Constant[value=0]()
+  %f32 : int = prim::Constant[value=6]()
+  %s : Tensor = aten::_softmax(%x, %dim, %false)
+  %gs : Tensor = aten::_softmax_backward_data(%g, %s, %dim, %f32)
+  return (%s, %gs)
+)IR";
+  torch::manual_seed(5);
+  check(ir, {torch::randn({2, 4, 8}) * 5, torch::randn({2, 4, 8})}, "[2,4,8]");
+  check(ir, {torch::randn({3, 1}), torch::randn({3, 1})}, "[3,1]");
+}
+
+TEST(StableHlo, UnknownOpsAreReportedByNameAndDeadOnesIgnored) {
+  const auto graph = parse(R"IR(
+graph(%a : Tensor, %b : Tensor):
+  %mode : str = prim::Constant[value="floor"]()
+  %c : Tensor = aten::cos(%a)
+  %d : Tensor = aten::div(%a, %b, %mode)
+  %dead : Tensor = aten::sin(%a)
+  %e : Tensor = aten::mul(%c, %d)
+  %f : Tensor = aten::cos(%e)
+  %g : Tensor = aten::relu(%b)
+  return (%f, %g)
+)IR");
+  run_eager_and_type(*graph, {torch::ones({2}), torch::ones({2})});
+  // Known kinds are checked only when every kind is known.
+  Emission e = emit_stablehlo(*graph);
+  EXPECT_EQ(e.unsupported, (std::vector<std::string>{"aten::cos"}));
+  EXPECT_EQ(e.module, "");
+
+  const auto known = parse(R"IR(
+graph(%a : Tensor, %b : Tensor):
+  %mode : str = prim::Constant[value="floor"]()
+  %dead : Tensor = aten::sin(%a)
+  %d : Tensor = aten::div(%a, %b, %mode)
+  %e : Tensor = aten::mul(%d, %b)
+  return (%e, %a)
+)IR");
+  for (torch::jit::Value* v : known->inputs()) v->setType(c10::TensorType::createContiguous(c10::kFloat, c10::kCPU, {2}));
+  for (torch::jit::Node* n : known->nodes())
+    if (n->kind() != c10::prim::Constant) n->output()->setType(c10::TensorType::createContiguous(c10::kFloat, c10::kCPU, {2}));
+  // The rounding mode is reported; the mul that uses the division's result is skipped, not reported.
+  e = emit_stablehlo(*known);
+  EXPECT_EQ(e.unsupported, (std::vector<std::string>{"aten::div (rounding_mode 'floor')"}));
+  EXPECT_EQ(e.module, "");
+}
+
+TEST(StableHlo, UntypedGraphIsAnErrorNamingTheValue) {
+  const auto graph = parse(R"IR(
+graph(%a : Tensor):
+  %r : Tensor = aten::relu(%a)
+  return (%r)
+)IR");
+  try {
+    emit_stablehlo(*graph);
+    FAIL() << "emitted an untyped graph";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("%a"), std::string::npos) << e.what();
+  }
+  graph->inputs()[0]->setType(c10::TensorType::createContiguous(c10::kFloat, c10::kCPU, {3}));
+  try {
+    emit_stablehlo(*graph);
+    FAIL() << "emitted a graph with an untyped output";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("of aten::relu has no scalar type"), std::string::npos) << e.what();
+  }
+}
+
+// The MLP's whole steps as the lazy TorchScript lowering wrote them (tests/data, copied from
+// the graphs of issue 12's spec): forward, loss and backward; Adam's update; validation.
+// 784-term dot products and 64-row sums: 1e-4 relative.
+TEST(StableHlo, WholeMlpForwardBackwardStepMatchesTheInterpreter) {
+  torch::manual_seed(10);
+  // alpha = beta = 1 for the addmms; the relu thresholds are ints too, so 1 tests them off zero.
+  const auto graph = step_graph("mlp_fwbw_step1");
+  check_step("mlp_fwbw_step1", graph, step_inputs("mlp_fwbw_step1", *graph, 1), {1e-4, 1e-5});
+}
+
+TEST(StableHlo, WholeMlpAdamStepMatchesTheInterpreter) {
+  torch::manual_seed(11);
+  const auto graph = step_graph("mlp_opt_step1");
+  check_step("mlp_opt_step1", graph, adam_step_inputs("mlp_opt_step1", *graph), {1e-5, 1e-6});
+}
+
+TEST(StableHlo, WholeMlpValidationStepMatchesTheInterpreter) {
+  torch::manual_seed(12);
+  const auto graph = step_graph("mlp_eval_step1");
+  check_step("mlp_eval_step1", graph, step_inputs("mlp_eval_step1", *graph, 1), {1e-4, 1e-5});
+}
