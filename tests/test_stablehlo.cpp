@@ -6,7 +6,8 @@
 // NaN must come out where libtorch's results have NaN (a mean over ignored targets only, addmm
 // of a NaN self with a nonzero beta). Tolerances: float32 results within 1e-5 relative + 1e-6 absolute (XLA fuses multiply-adds and
 // sums in another order than libtorch); reductions over hundreds of terms (the whole MLP step)
-// 1e-4 relative + 1e-5 absolute; integer and bool results exactly.
+// 1e-4 relative + 1e-5 absolute; gelu's tanh form 5e-6 absolute (XLA's tanh); integer and bool
+// results exactly.
 
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/ir/constants.h>
@@ -416,6 +417,54 @@ graph(%x : Tensor, %g : Tensor):
   torch::manual_seed(5);
   check(ir, {torch::randn({2, 4, 8}) * 5, torch::randn({2, 4, 8})}, "[2,4,8]");
   check(ir, {torch::randn({3, 1}), torch::randn({3, 1})}, "[3,1]");
+}
+
+TEST(StableHlo, GeluAndItsBackwardBothApproximations) {
+  const std::string ir = R"IR(
+graph(%x : Tensor, %g : Tensor):
+  %none : str = prim::Constant[value="none"]()
+  %tanh : str = prim::Constant[value="tanh"]()
+  %y : Tensor = aten::gelu(%x, %none)
+  %gy : Tensor = aten::gelu_backward(%g, %x, %none)
+  %t : Tensor = aten::gelu(%x, %tanh)
+  %gt : Tensor = aten::gelu_backward(%g, %x, %tanh)
+  return (%y, %gy, %t, %gt)
+)IR";
+  torch::manual_seed(6);
+  // XLA:CPU's tanh is not libtorch's (Sleef's): the tanh form's derivative, where two terms
+  // nearly cancel, differs by up to 2.5e-6 absolute; 5e-6 absolute here.
+  const Tolerance tol{1e-5, 5e-6};
+  check(ir, {torch::randn({4, 3, 8}) * 3, torch::randn({4, 3, 8})}, "[4,3,8]", tol);
+  check(ir, {torch::linspace(-6, 6, 49), torch::ones({49})}, "[-6, 6]", tol);
+}
+
+TEST(StableHlo, NativeLayerNormWithAndWithoutAffine) {
+  const std::string ir = R"IR(
+graph(%x : Tensor, %w : Tensor, %b : Tensor):
+  %none : NoneType = prim::Constant()
+  %last : int[] = prim::Constant[value=[8]]()
+  %two : int[] = prim::Constant[value=[3, 8]]()
+  %eps : float = prim::Constant[value=1.0000000000000001e-05]()
+  %y : Tensor, %mean : Tensor, %rstd : Tensor = aten::native_layer_norm(%x, %last, %w, %b, %eps)
+  %y2 : Tensor, %mean2 : Tensor, %rstd2 : Tensor = aten::native_layer_norm(%x, %two, %none, %none, %eps)
+  return (%y, %mean, %rstd, %y2, %mean2, %rstd2)
+)IR";
+  torch::manual_seed(7);
+  check(ir, {torch::randn({2, 3, 8}) * 2 + 1, torch::randn({8}), torch::randn({8})}, "[2,3,8]");
+}
+
+TEST(StableHlo, EmbeddingGathersRows) {
+  const std::string ir = R"IR(
+graph(%w : Tensor, %i : Tensor, %j : Tensor):
+  %pad : int = prim::Constant[value=-1]()
+  %false : bool = prim::Constant[value=0]()
+  %e : Tensor = aten::embedding(%w, %i, %pad, %false, %false)
+  %f : Tensor = aten::embedding(%w, %j, %pad, %false, %false)
+  return (%e, %f)
+)IR";
+  torch::manual_seed(8);
+  check(ir, {torch::randn({77, 16}), torch::randint(77, {4, 6}, torch::kLong), torch::scalar_tensor(76, torch::kLong)},
+        "[77,16] by [4,6] and by a 0-d index");
 }
 
 TEST(StableHlo, UnknownOpsAreReportedByNameAndDeadOnesIgnored) {

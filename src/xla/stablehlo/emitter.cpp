@@ -124,6 +124,11 @@ c10::ScalarType result_type(const std::vector<const Operand*>& operands) {
   return combine_categories(combine_categories(tier[0], tier[1]), tier[2]);
 }
 
+// A number operand (written as a constant of whatever dtype it meets).
+Operand number(const c10::Scalar& value) {
+  return {"", {}, value.isFloatingPoint() ? c10::kDouble : c10::kLong, Tier::number, value};
+}
+
 Dims broadcast_dims(const Dims& a, const Dims& b) {
   Dims out(std::max(a.size(), b.size()), 1);
   for (size_t i = 0; i < out.size(); ++i) {
@@ -197,6 +202,15 @@ class Emitter {
   void log_softmax_backward(const Node* n);
   void softmax(const Node* n);
   void softmax_backward(const Node* n);
+  void gelu(const Node* n);
+  void gelu_backward(const Node* n);
+  void native_layer_norm(const Node* n);
+  void embedding(const Node* n);
+  // The `approximate` argument of gelu and gelu_backward: false for "none", true for "tanh".
+  static bool tanh_approximation(const Node* n, size_t i);
+  Operand mul(const Operand& a, const Operand& b) { return binary("stablehlo.multiply", a, b, a.dtype); }
+  Operand add(const Operand& a, const Operand& b) { return binary("stablehlo.add", a, b, a.dtype); }
+  Operand unary(const std::string& name, const Operand& x) { return op(name, {x}, x.dims, x.dtype); }
   void nll_loss_forward(const Node* n);
   void nll_loss_backward(const Node* n);
   // The [N, C] one-hot mask of `target` (ignored rows all false) and each row's weight.
@@ -519,6 +533,92 @@ void Emitter::softmax_backward(const Node* n) {
   set(n, 0, binary("stablehlo.multiply", output, binary("stablehlo.subtract", grad, sum, t), t));
 }
 
+bool Emitter::tanh_approximation(const Node* n, size_t i) {
+  const std::string approximate = constant(n, i, "approximate").toStringRef();
+  if (approximate != "none" && approximate != "tanh") throw Unsupported{"approximate '" + approximate + "'"};
+  return approximate == "tanh";
+}
+
+// libtorch's CPU formulas (GeluKernel.cpp): x * 0.5 * (1 + erf(x / sqrt(2))), or with "tanh"
+// 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))).
+void Emitter::gelu(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Operand x = as(in(n, 0), t);
+  if (tanh_approximation(n, 1)) {
+    const Operand inner = mul(add(x, mul(mul(mul(x, x), x), number(0.044715))), number(M_SQRT2 * M_2_SQRTPI * 0.5));
+    set(n, 0, mul(mul(x, number(0.5)), add(unary("stablehlo.tanh", inner), number(1))));
+    return;
+  }
+  const Operand erf = op("chlo.erf", {mul(x, number(M_SQRT1_2))}, x.dims, t);
+  set(n, 0, mul(mul(x, number(0.5)), add(erf, number(1))));
+}
+
+// grad * (cdf(x) + x * pdf(x)), and the derivative of the tanh form, as libtorch's CPU kernel.
+void Emitter::gelu_backward(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Operand grad = as(in(n, 0), t), x = as(in(n, 1), t);
+  if (tanh_approximation(n, 2)) {
+    const double beta = M_SQRT2 * M_2_SQRTPI * 0.5, kappa = 0.044715;
+    const Operand x_sq = mul(x, x);
+    const Operand inner = mul(add(x, mul(mul(x_sq, x), number(kappa))), number(beta));
+    const Operand tanh_inner = unary("stablehlo.tanh", inner);
+    const Operand left = mul(x, number(0.5));
+    const Operand right = add(tanh_inner, number(1));
+    const Operand left_derivative = mul(right, number(0.5));
+    const Operand tanh_derivative = binary("stablehlo.subtract", splat(1, {}, t), mul(tanh_inner, tanh_inner), t);
+    const Operand inner_derivative = mul(add(mul(x_sq, number(3 * kappa)), number(1)), number(beta));
+    const Operand right_derivative = mul(left, mul(tanh_derivative, inner_derivative));
+    set(n, 0, mul(grad, add(left_derivative, right_derivative)));
+    return;
+  }
+  const Operand cdf = mul(add(op("chlo.erf", {mul(x, number(M_SQRT1_2))}, x.dims, t), number(1)), number(0.5));
+  const Operand pdf =
+      mul(unary("stablehlo.exponential", mul(mul(x, x), number(-0.5))), number(M_2_SQRTPI * M_SQRT1_2 * 0.5));
+  set(n, 0, mul(grad, add(cdf, mul(x, pdf))));
+}
+
+// (input, normalized_shape, weight?, bias?, eps) -> (output, mean, rstd), the statistics over
+// the last len(normalized_shape) dims, kept as dims of size 1.
+void Emitter::native_layer_norm(const Node* n) {
+  const c10::ScalarType t = out_dtype(n, 0);
+  const Operand x = as(in(n, 0), t);
+  const size_t k = ints_arg(n, 1, "normalized_shape").size();
+  if (k > x.dims.size()) throw std::invalid_argument("normalized_shape longer than the input's dims");
+  Dims dims;
+  int64_t count = 1;
+  for (size_t d = x.dims.size() - k; d < x.dims.size(); ++d) {
+    dims.push_back(static_cast<int64_t>(d));
+    count *= x.dims[d];
+  }
+  const Operand mean = binary("stablehlo.divide", reduce(x, dims, "stablehlo.add", 0), number(count), t);
+  const Operand centered = binary("stablehlo.subtract", x, keep_dims(mean, x.dims, dims), t);
+  const Operand var = binary("stablehlo.divide", reduce(mul(centered, centered), dims, "stablehlo.add", 0),
+                             number(count), t);
+  const Operand rstd = unary("stablehlo.rsqrt", add(var, as(in(n, 4), t)));
+  Operand out = mul(centered, keep_dims(rstd, x.dims, dims));
+  if (!none_arg(n, 2)) out = mul(out, as(in(n, 2), t));
+  if (!none_arg(n, 3)) out = add(out, as(in(n, 3), t));
+  set(n, 0, out);
+  set(n, 1, reshape(as(mean, out_dtype(n, 1)), out_dims(n, 1)));
+  set(n, 2, reshape(as(rstd, out_dtype(n, 2)), out_dims(n, 2)));
+}
+
+// weight [V, D] indexed by int indices of any shape: rows gathered, [*indices, D]. padding_idx
+// and scale_grad_by_freq only change the backward.
+void Emitter::embedding(const Node* n) {
+  const Operand weight = materialized(in(n, 0));
+  if (weight.dims.size() != 2) throw Unsupported{"weight of " + std::to_string(weight.dims.size()) + " dimensions"};
+  const Operand indices = materialized(in(n, 1));
+  const int64_t rank = static_cast<int64_t>(indices.dims.size());
+  const std::string numbers = "dimension_numbers = #stablehlo.gather<offset_dims = [" + std::to_string(rank) +
+                              "], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = " +
+                              std::to_string(rank) + ">, slice_sizes = " + i64_array({1, weight.dims[1]}) +
+                              ", indices_are_sorted = false";
+  Dims dims = indices.dims;
+  dims.push_back(weight.dims[1]);
+  set(n, 0, op("stablehlo.gather", {weight, indices}, dims, weight.dtype, numbers));
+}
+
 std::pair<Operand, Operand> Emitter::nll_mask_and_weights(const Node* n, const Operand& self2d,
                                                           const Operand& target1d, size_t weight_input,
                                                           int64_t ignore_index) {
@@ -658,6 +758,10 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
       {"aten::_softmax", [](Emitter& e, const Node* n) { e.softmax(n); }},
       {"aten::_softmax_backward_data", [](Emitter& e, const Node* n) { e.softmax_backward(n); }},
       {"aten::nll_loss_forward", [](Emitter& e, const Node* n) { e.nll_loss_forward(n); }},
+      {"aten::gelu", [](Emitter& e, const Node* n) { e.gelu(n); }},
+      {"aten::gelu_backward", [](Emitter& e, const Node* n) { e.gelu_backward(n); }},
+      {"aten::native_layer_norm", [](Emitter& e, const Node* n) { e.native_layer_norm(n); }},
+      {"aten::embedding", [](Emitter& e, const Node* n) { e.embedding(n); }},
       {"aten::nll_loss_backward", [](Emitter& e, const Node* n) { e.nll_loss_backward(n); }},
   };
   return table;
