@@ -37,9 +37,18 @@ using torch::jit::Graph;
 
 namespace {
 
+// parseIR reads neither True/False nor a bool list: a `bool[]` constant is written as ints
+// ([1, 0, 1]) and made a bool list here, as the lazy lowering makes it.
 std::shared_ptr<Graph> parse(const std::string& ir) {
   auto graph = std::make_shared<Graph>();
   torch::jit::parseIR(ir, graph.get());
+  for (torch::jit::Node* n : graph->nodes()) {
+    if (n->kind() != c10::prim::Constant || *n->output()->type() != *c10::ListType::ofBools()) continue;
+    c10::List<bool> bools;
+    for (const IValue& x : torch::jit::toIValue(n->output())->toListRef()) bools.push_back(x.toInt() != 0);
+    n->removeAttribute(c10::attr::value);
+    n->ival_(c10::attr::value, bools);
+  }
   return graph;
 }
 
@@ -453,6 +462,26 @@ graph(%x : Tensor, %w : Tensor, %b : Tensor):
   check(ir, {torch::randn({2, 3, 8}) * 2 + 1, torch::randn({8}), torch::randn({8})}, "[2,3,8]");
 }
 
+TEST(StableHlo, NativeLayerNormBackward) {
+  // Fed the forward's own mean and rstd, as in a training step.
+  const std::string ir = R"IR(
+graph(%x : Tensor, %w : Tensor, %b : Tensor, %g : Tensor):
+  %none : NoneType = prim::Constant()
+  %last : int[] = prim::Constant[value=[8]]()
+  %eps : float = prim::Constant[value=1.0000000000000001e-05]()
+  %all : bool[] = prim::Constant[value=[1, 1, 1]]()
+  %input : bool[] = prim::Constant[value=[1, 0, 0]]()
+  %y : Tensor, %mean : Tensor, %rstd : Tensor = aten::native_layer_norm(%x, %last, %w, %b, %eps)
+  %gx : Tensor, %gw : Tensor, %gb : Tensor = aten::native_layer_norm_backward(%g, %x, %last, %mean, %rstd, %w, %b, %all)
+  %gx2 : Tensor, %gw2 : Tensor, %gb2 : Tensor = aten::native_layer_norm_backward(%g, %x, %last, %mean, %rstd, %none, %none, %input)
+  return (%gx, %gw, %gb, %gx2)
+)IR";
+  torch::manual_seed(9);
+  check(ir, {torch::randn({2, 3, 8}) * 2 + 1, torch::randn({8}), torch::randn({8}), torch::randn({2, 3, 8})},
+        "[2,3,8]");
+  check(ir, {torch::randn({5, 8}), torch::randn({8}), torch::randn({8}), torch::randn({5, 8})}, "[5,8]");
+}
+
 TEST(StableHlo, EmbeddingGathersRows) {
   const std::string ir = R"IR(
 graph(%w : Tensor, %i : Tensor, %j : Tensor):
@@ -465,6 +494,24 @@ graph(%w : Tensor, %i : Tensor, %j : Tensor):
   torch::manual_seed(8);
   check(ir, {torch::randn({77, 16}), torch::randint(77, {4, 6}, torch::kLong), torch::scalar_tensor(76, torch::kLong)},
         "[77,16] by [4,6] and by a 0-d index");
+}
+
+TEST(StableHlo, EmbeddingDenseBackwardAddsRepeatedIndicesAndSkipsPadding) {
+  const std::string ir = R"IR(
+graph(%g : Tensor, %i : Tensor):
+  %v : int = prim::Constant[value=10]()
+  %nopad : int = prim::Constant[value=-1]()
+  %pad : int = prim::Constant[value=3]()
+  %false : bool = prim::Constant[value=0]()
+  %gw : Tensor = aten::embedding_dense_backward(%g, %i, %v, %nopad, %false)
+  %gp : Tensor = aten::embedding_dense_backward(%g, %i, %v, %pad, %false)
+  return (%gw, %gp)
+)IR";
+  torch::manual_seed(13);
+  // 3 appears three times (and is the padding index of the second), 9 twice; 0 never.
+  const auto indices = torch::tensor(std::vector<int64_t>{3, 9, 3, 1, 9, 3}).reshape({2, 3});
+  check(ir, {torch::randn({2, 3, 4}), indices}, "[2,3] indices into 10 rows");
+  check(ir, {torch::randn({32, 64, 16}), torch::randint(10, {32, 64}, torch::kLong)}, "[32,64] indices");
 }
 
 TEST(StableHlo, UnknownOpsAreReportedByNameAndDeadOnesIgnored) {

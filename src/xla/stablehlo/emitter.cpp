@@ -170,6 +170,8 @@ class Emitter {
   Operand compare(const std::string& direction, const Operand& a, const Operand& b, c10::ScalarType t);
   Operand select(const Operand& pred, const Operand& on_true, const Operand& on_false);
   Operand reduce(const Operand& x, const Dims& dims, const std::string& body_op, const c10::Scalar& init);
+  // A region of one block combining two 0-d values of `t` with `body_op` (reduce, scatter).
+  std::string combiner(const std::string& body_op, c10::ScalarType t);
   Operand keep_dims(const Operand& reduced, const Dims& full, const Dims& dims);
   Operand dot(const Operand& a, const Operand& b, const Dims& batch, int64_t lhs_contract, int64_t rhs_contract,
               c10::ScalarType t);
@@ -206,6 +208,8 @@ class Emitter {
   void gelu_backward(const Node* n);
   void native_layer_norm(const Node* n);
   void embedding(const Node* n);
+  void embedding_dense_backward(const Node* n);
+  void native_layer_norm_backward(const Node* n);
   // The `approximate` argument of gelu and gelu_backward: false for "none", true for "tanh".
   static bool tanh_approximation(const Node* n, size_t i);
   Operand mul(const Operand& a, const Operand& b) { return binary("stablehlo.multiply", a, b, a.dtype); }
@@ -290,12 +294,15 @@ Operand Emitter::reduce(const Operand& x, const Dims& dims, const std::string& b
   for (size_t i = 0; i < x.dims.size(); ++i)
     if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(i)) == dims.end()) out.push_back(x.dims[i]);
   const Operand init_value = splat(init, {}, x.dtype);
-  const std::string s = mlir_type({}, x.dtype);
+  return op("stablehlo.reduce", {x, init_value}, out, x.dtype, "dimensions = " + i64_array(dims),
+            combiner(body_op, x.dtype));
+}
+
+std::string Emitter::combiner(const std::string& body_op, c10::ScalarType t) {
+  const std::string s = mlir_type({}, t);
   const std::string a = fresh(), b = fresh(), r = fresh();
-  const std::string region = "{\n    ^bb0(" + a + ": " + s + ", " + b + ": " + s + "):\n      " + r + " = \"" + body_op +
-                             "\"(" + a + ", " + b + ") : (" + s + ", " + s + ") -> " + s + "\n      \"stablehlo.return\"(" +
-                             r + ") : (" + s + ") -> ()\n    }";
-  return op("stablehlo.reduce", {x, init_value}, out, x.dtype, "dimensions = " + i64_array(dims), region);
+  return "{\n    ^bb0(" + a + ": " + s + ", " + b + ": " + s + "):\n      " + r + " = \"" + body_op + "\"(" + a + ", " + b +
+         ") : (" + s + ", " + s + ") -> " + s + "\n      \"stablehlo.return\"(" + r + ") : (" + s + ") -> ()\n    }";
 }
 
 Operand Emitter::keep_dims(const Operand& reduced, const Dims& full, const Dims& dims) {
@@ -619,6 +626,70 @@ void Emitter::embedding(const Node* n) {
   set(n, 0, op("stablehlo.gather", {weight, indices}, dims, weight.dtype, numbers));
 }
 
+// (grad_output [*indices, D], indices, num_weights, padding_idx, scale_grad_by_freq) ->
+// [num_weights, D]: each grad row added into its index's row (a scatter-add); rows whose index is
+// padding_idx add nothing.
+void Emitter::embedding_dense_backward(const Node* n) {
+  if (bool_arg(n, 4, "scale_grad_by_freq")) throw Unsupported{"scale_grad_by_freq"};
+  const c10::ScalarType t = out_dtype(n);
+  const Dims dims = out_dims(n);
+  const Operand& indices_in = in(n, 1);
+  int64_t k = 1;
+  for (int64_t d : indices_in.dims) k *= d;
+  const Operand indices = reshape(materialized(indices_in), {k});
+  const Operand grad = reshape(as(in(n, 0), t), {k, dims.at(1)});
+  const Operand padding = compare("EQ", indices, in(n, 3), indices.dtype);
+  const Operand rows = select(op("stablehlo.broadcast_in_dim", {padding}, grad.dims, c10::kBool,
+                                 "broadcast_dimensions = array<i64: 0>"),
+                              splat(0, grad.dims, t), grad);
+  const std::string numbers =
+      "scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], "
+      "scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false";
+  set(n, 0, op("stablehlo.scatter", {splat(0, dims, t), indices, rows}, dims, t, numbers, combiner("stablehlo.add", t)));
+}
+
+// (grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask) ->
+// (grad_input, grad_weight, grad_bias), libtorch's closed form with x_hat = (x - mean) * rstd and
+// g = grad_out * weight: grad_input = rstd * (g - mean(g) - x_hat * mean(g * x_hat)) over the
+// normalized dims; grad_weight = sum(grad_out * x_hat), grad_bias = sum(grad_out) over the others.
+// An output the mask (or a missing weight or bias) leaves undefined must be unused.
+void Emitter::native_layer_norm_backward(const Node* n) {
+  const c10::ScalarType t = out_dtype(n, 0);
+  const Operand grad = as(in(n, 0), t), x = as(in(n, 1), t);
+  const size_t k = ints_arg(n, 2, "normalized_shape").size();
+  const std::vector<bool> mask = constant(n, 7, "output_mask").toBoolList().vec();
+  if (k > x.dims.size() || mask.size() != 3) throw std::invalid_argument("bad native_layer_norm_backward arguments");
+  Dims inner, outer;
+  int64_t count = 1;
+  for (size_t d = 0; d < x.dims.size(); ++d) {
+    if (d + k >= x.dims.size()) {
+      inner.push_back(static_cast<int64_t>(d));
+      count *= x.dims[d];
+    } else {
+      outer.push_back(static_cast<int64_t>(d));
+    }
+  }
+  const Operand rstd = as(in(n, 4), t);
+  const Operand x_hat = mul(binary("stablehlo.subtract", x, as(in(n, 3), t), t), rstd);
+  const bool has_weight = !none_arg(n, 5), has_bias = !none_arg(n, 6);
+  for (size_t i = 0; i < 3; ++i) {
+    const bool defined = mask[i] && (i != 1 || has_weight) && (i != 2 || has_bias);
+    if (!defined && n->output(i)->hasUses()) throw Unsupported{"a use of undefined output " + std::to_string(i)};
+  }
+  if (mask[0]) {
+    const Operand g = has_weight ? mul(grad, as(in(n, 5), t)) : grad;
+    auto inner_mean = [&](const Operand& v) {
+      return keep_dims(binary("stablehlo.divide", reduce(v, inner, "stablehlo.add", 0), number(count), t), x.dims,
+                       inner);
+    };
+    const Operand centered = binary("stablehlo.subtract", g, inner_mean(g), t);
+    const Operand correction = mul(x_hat, inner_mean(mul(g, x_hat)));
+    set(n, 0, mul(rstd, binary("stablehlo.subtract", centered, correction, t)));
+  }
+  if (mask[1] && has_weight) set(n, 1, as(reduce(mul(grad, x_hat), outer, "stablehlo.add", 0), out_dtype(n, 1)));
+  if (mask[2] && has_bias) set(n, 2, as(reduce(grad, outer, "stablehlo.add", 0), out_dtype(n, 2)));
+}
+
 std::pair<Operand, Operand> Emitter::nll_mask_and_weights(const Node* n, const Operand& self2d,
                                                           const Operand& target1d, size_t weight_input,
                                                           int64_t ignore_index) {
@@ -762,6 +833,8 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
       {"aten::gelu_backward", [](Emitter& e, const Node* n) { e.gelu_backward(n); }},
       {"aten::native_layer_norm", [](Emitter& e, const Node* n) { e.native_layer_norm(n); }},
       {"aten::embedding", [](Emitter& e, const Node* n) { e.embedding(n); }},
+      {"aten::embedding_dense_backward", [](Emitter& e, const Node* n) { e.embedding_dense_backward(n); }},
+      {"aten::native_layer_norm_backward", [](Emitter& e, const Node* n) { e.native_layer_norm_backward(n); }},
       {"aten::nll_loss_backward", [](Emitter& e, const Node* n) { e.nll_loss_backward(n); }},
   };
   return table;
