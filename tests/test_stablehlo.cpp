@@ -6,7 +6,9 @@
 // NaN must come out where libtorch's results have NaN (a mean over ignored targets only, addmm
 // of a NaN self with a nonzero beta). Tolerances: float32 results within 1e-5 relative + 1e-6
 // absolute (XLA fuses multiply-adds and sums in another order than libtorch), whole steps
-// included; gelu's tanh form 5e-6 absolute (XLA's tanh); integer and bool results exactly.
+// included; gelu's tanh form 5e-6 absolute (XLA's tanh); convolution gradients 1e-4 relative +
+// 5e-5 absolute (sums of thousands of products), and 1e-12 in float64; integer and bool
+// results exactly.
 
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/ir/constants.h>
@@ -39,12 +41,19 @@ using torch::jit::Graph;
 
 namespace {
 
-// parseIR reads neither True/False nor a bool list: a `bool[]` constant is written as ints
-// ([1, 0, 1]) and made a bool list here, as the lazy lowering makes it.
+// parseIR reads neither True/False nor a bool list, and makes `[]` something else than a list:
+// a `bool[]` constant is written as ints ([1, 0, 1]) and made a bool list here, and an empty
+// `int[]` an empty int list, as the lazy lowering makes them.
 std::shared_ptr<Graph> parse(const std::string& ir) {
   auto graph = std::make_shared<Graph>();
   torch::jit::parseIR(ir, graph.get());
   for (torch::jit::Node* n : graph->nodes()) {
+    if (n->kind() == c10::prim::Constant && *n->output()->type() == *c10::ListType::ofInts() &&
+        n->kindOf(c10::attr::value) == torch::jit::AttributeKind::ival && !n->ival(c10::attr::value).isList()) {
+      n->removeAttribute(c10::attr::value);
+      n->ival_(c10::attr::value, c10::List<int64_t>());
+      continue;
+    }
     if (n->kind() != c10::prim::Constant || *n->output()->type() != *c10::ListType::ofBools()) continue;
     c10::List<bool> bools;
     for (const IValue& x : torch::jit::toIValue(n->output())->toListRef()) bools.push_back(x.toInt() != 0);
@@ -59,7 +68,7 @@ std::shared_ptr<Graph> parse(const std::string& ir) {
 std::vector<IValue> run_eager_and_type(Graph& graph, const std::vector<IValue>& inputs) {
   std::unordered_map<const torch::jit::Value*, IValue> env;
   auto type = [](torch::jit::Value* v, const IValue& x) {
-    if (x.isTensor())
+    if (x.isTensor() && x.toTensor().defined())
       v->setType(c10::TensorType::createContiguous(x.toTensor().scalar_type(), c10::kCPU, x.toTensor().sizes()));
   };
   for (size_t i = 0; i < inputs.size(); ++i) env[graph.inputs()[i]] = inputs[i];
@@ -254,11 +263,12 @@ std::vector<IValue> step_inputs(const std::string& step, const Graph& graph, int
 }
 
 // A step's TorchScript graph; its NamedTuple types (which parseIR does not read) as tuples.
-// True/False in bool[] constants as 1/0 (see parse()).
+// True/False in bool[] constants as 1/0 and annotate(List[int], []) as [] (see parse()).
 std::shared_ptr<Graph> step_graph(const std::string& step) {
   std::string text = std::regex_replace(read_graph_file(step + ".ts.txt"), std::regex(R"(NamedTuple\([^)]*\))"),
                                         "(Tensor, Tensor)");
   text = std::regex_replace(std::regex_replace(text, std::regex(R"(\bTrue\b)"), "1"), std::regex(R"(\bFalse\b)"), "0");
+  text = std::regex_replace(text, std::regex(R"(annotate\(List\[int\], \[\]\))"), "[]");
   return parse(text);
 }
 
@@ -555,6 +565,84 @@ graph(%g : Tensor, %i : Tensor):
   check(ir, {torch::randn({32, 64, 16}), torch::randint(10, {32, 64}, torch::kLong)}, "[32,64] indices");
 }
 
+TEST(StableHlo, ConvolutionAndItsBackward) {
+  // As the CNN's graphs write them; the second convolution_backward leaves grad_input out.
+  const std::string ir = R"IR(
+graph(%x : Tensor, %w : Tensor, %b : Tensor, %g : Tensor):
+  %stride : int[] = prim::Constant[value=[STRIDE]]()
+  %padding : int[] = prim::Constant[value=[PADDING]]()
+  %dilation : int[] = prim::Constant[value=[DILATION]]()
+  %false : bool = prim::Constant[value=0]()
+  %no_pad : int[] = prim::Constant[value=[0, 0]]()
+  %groups : int = prim::Constant[value=1]()
+  %bias_sizes : int[] = prim::Constant[value=[BIAS]]()
+  %all : bool[] = prim::Constant[value=[1, 1, 1]]()
+  %no_input : bool[] = prim::Constant[value=[0, 1, 1]]()
+  %y : Tensor = aten::convolution(%x, %w, %b, %stride, %padding, %dilation, %false, %no_pad, %groups)
+  %gx : Tensor, %gw : Tensor, %gb : Tensor = aten::convolution_backward(%g, %x, %w, %bias_sizes, %stride, %padding, %dilation, %false, %no_pad, %groups, %all)
+  %gx2 : Tensor, %gw2 : Tensor, %gb2 : Tensor = aten::convolution_backward(%g, %x, %w, %bias_sizes, %stride, %padding, %dilation, %false, %no_pad, %groups, %no_input)
+  return (%y, %gx, %gw, %gb, %gw2)
+)IR";
+  struct Case {
+    std::vector<int64_t> x, w;
+    std::string stride, padding, dilation;
+    std::vector<int64_t> y;
+  };
+  torch::manual_seed(14);
+  for (const Case& c : {Case{{4, 1, 28, 28}, {16, 1, 5, 5}, "1, 1", "2, 2", "1, 1", {4, 16, 28, 28}},
+                        Case{{2, 3, 9, 8}, {5, 3, 3, 2}, "2, 3", "1, 0", "1, 1", {2, 5, 5, 3}},
+                        Case{{2, 2, 10, 10}, {3, 2, 3, 3}, "2, 2", "0, 1", "2, 1", {2, 3, 3, 5}}}) {
+    std::string text = ir;
+    for (const auto& [key, value] : {std::pair<std::string, std::string>{"STRIDE", c.stride}, {"PADDING", c.padding},
+                                     {"DILATION", c.dilation}, {"BIAS", std::to_string(c.w[0])}})
+      text = std::regex_replace(text, std::regex(key), value);
+    const std::string label = "input " + c10::str(c.x) + " kernel " + c10::str(c.w) + " stride " + c.stride +
+                              " padding " + c.padding + " dilation " + c.dilation;
+    const std::vector<torch::Tensor> inputs = {torch::randn(c.x), torch::randn(c.w) * 0.3, torch::randn({c.w[0]}),
+                                               torch::randn(c.y)};
+    // float32: grad_weight sums up to 4 * 28 * 28 products (sums of std 50 and more), grad_input
+    // 400, in another order than libtorch: differences up to 1.5e-4 and 1.2e-5 were seen, so
+    // 1e-4 relative + 5e-5 absolute here, and the formulas are checked exactly in float64.
+    check(text, {inputs[0], inputs[1], inputs[2], inputs[3]}, label, {1e-4, 5e-5});
+    check(text, {inputs[0].to(torch::kDouble), inputs[1].to(torch::kDouble), inputs[2].to(torch::kDouble),
+                 inputs[3].to(torch::kDouble)},
+          label + ", float64", {1e-12, 1e-12});
+  }
+}
+
+TEST(StableHlo, MaxPoolWithIndicesAndItsBackward) {
+  const std::string ir = R"IR(
+graph(%x : Tensor, %g : Tensor):
+  %kernel : int[] = prim::Constant[value=[KERNEL]]()
+  %stride : int[] = prim::Constant[value=[STRIDE]]()
+  %padding : int[] = prim::Constant[value=[PADDING]]()
+  %dilation : int[] = prim::Constant[value=[1, 1]]()
+  %false : bool = prim::Constant[value=0]()
+  %y : Tensor, %i : Tensor = aten::max_pool2d_with_indices(%x, %kernel, %stride, %padding, %dilation, %false)
+  %gx : Tensor = aten::max_pool2d_with_indices_backward(%g, %x, %kernel, %stride, %padding, %dilation, %false, %i)
+  return (%y, %i, %gx)
+)IR";
+  struct Case {
+    std::vector<int64_t> x;
+    std::string kernel, stride, padding;
+    std::vector<int64_t> y;
+  };
+  torch::manual_seed(15);
+  for (const Case& c : {Case{{4, 16, 28, 28}, "2, 2", "", "0, 0", {4, 16, 14, 14}},
+                        Case{{2, 3, 7, 9}, "3, 2", "2, 2", "1, 1", {2, 3, 4, 5}},
+                        Case{{3, 5, 6}, "3, 3", "1, 1", "0, 0", {3, 3, 4}}}) {
+    std::string text = ir;
+    for (const auto& [key, value] : {std::pair<std::string, std::string>{"KERNEL", c.kernel}, {"STRIDE", c.stride},
+                                     {"PADDING", c.padding}})
+      text = std::regex_replace(text, std::regex(key), value);
+    const std::string label = "input " + c10::str(c.x) + " kernel " + c.kernel + " stride " + c.stride + " padding " +
+                              c.padding;
+    check(text, {torch::randn(c.x), torch::randn(c.y)}, label);
+    // Ties (values from a few levels): each window's first maximum, as libtorch picks it.
+    check(text, {torch::randint(3, c.x).to(torch::kFloat), torch::randn(c.y)}, label + ", ties");
+  }
+}
+
 TEST(StableHlo, UnknownOpsAreReportedByNameAndDeadOnesIgnored) {
   const auto graph = parse(R"IR(
 graph(%a : Tensor, %b : Tensor):
@@ -651,4 +739,24 @@ TEST(StableHlo, WholeCharlmValidationStepMatchesTheInterpreter) {
   torch::manual_seed(22);
   const auto graph = step_graph("charlm_eval_step1");
   check_step("charlm_eval_step1", graph, step_inputs("charlm_eval_step1", *graph, 1), {1e-5, 1e-6});
+}
+
+// The MNIST CNN's (two 5x5 convolutions with padding 2, 2x2 max pools, batch 64): convolution
+// gradients are sums of up to 64 * 28 * 28 products, so 1e-4 relative + 1e-4 absolute.
+TEST(StableHlo, WholeCnnForwardBackwardStepMatchesTheInterpreter) {
+  torch::manual_seed(30);
+  const auto graph = step_graph("cnn_fwbw_step1");
+  check_step("cnn_fwbw_step1", graph, step_inputs("cnn_fwbw_step1", *graph, 1), {1e-4, 1e-4});
+}
+
+TEST(StableHlo, WholeCnnAdamStepMatchesTheInterpreter) {
+  torch::manual_seed(31);
+  const auto graph = step_graph("cnn_opt_step1");
+  check_step("cnn_opt_step1", graph, step_inputs("cnn_opt_step1", *graph, 1), {1e-5, 1e-6});
+}
+
+TEST(StableHlo, WholeCnnValidationStepMatchesTheInterpreter) {
+  torch::manual_seed(32);
+  const auto graph = step_graph("cnn_eval_step1");
+  check_step("cnn_eval_step1", graph, step_inputs("cnn_eval_step1", *graph, 1), {1e-4, 1e-4});
 }

@@ -160,6 +160,10 @@ class Emitter {
   std::string fresh() { return "%v" + std::to_string(next_++); }
   Operand op(const std::string& name, const std::vector<Operand>& args, const Dims& dims, c10::ScalarType t,
              const std::string& attrs = "", const std::string& region = "");
+  // An op of several results, `%vK#i`.
+  std::vector<Operand> op_n(const std::string& name, const std::vector<Operand>& args,
+                            const std::vector<std::pair<Dims, c10::ScalarType>>& results, const std::string& attrs,
+                            const std::string& region);
   Operand splat(const c10::Scalar& value, const Dims& dims, c10::ScalarType t);
   Operand as(const Operand& x, c10::ScalarType t);
   Operand broadcast_to(const Operand& x, const Dims& dims);
@@ -209,6 +213,17 @@ class Emitter {
   void native_layer_norm(const Node* n);
   void embedding(const Node* n);
   void embedding_dense_backward(const Node* n);
+  void convolution(const Node* n);
+  void convolution_backward(const Node* n);
+  void max_pool2d_with_indices(const Node* n);
+  void max_pool2d_with_indices_backward(const Node* n);
+  // A stablehlo.convolution; `layout` is its dimension_numbers, spatial dims 0..rank-3.
+  Operand conv(const Operand& lhs, const Operand& rhs, const std::string& layout, const Dims& dims,
+               const Dims& strides, const std::vector<std::pair<int64_t, int64_t>>& padding, const Dims& lhs_dilation,
+               const Dims& rhs_dilation, int64_t feature_groups);
+  // The window arguments of a convolution or a pooling, one per spatial dim (a single value
+  // repeated); checks the node's other arguments are those the lowerings handle.
+  static Dims spatial_arg(const Node* n, size_t i, const char* what, size_t spatial, const Dims& if_empty);
   void native_layer_norm_backward(const Node* n);
   // The `approximate` argument of gelu and gelu_backward: false for "none", true for "tanh".
   static bool tanh_approximation(const Node* n, size_t i);
@@ -221,7 +236,15 @@ class Emitter {
   std::pair<Operand, Operand> nll_mask_and_weights(const Node* n, const Operand& self2d, const Operand& target1d,
                                                    size_t weight_input, int64_t ignore_index);
 
+  // Whether a live node (or the graph's return) uses `v`.
+  bool used(const Value* v) const {
+    return std::any_of(v->uses().begin(), v->uses().end(), [&](const torch::jit::Use& u) {
+      return u.user == graph_.return_node() || live_.count(u.user) > 0;
+    });
+  }
+
   const torch::jit::Graph& graph_;
+  std::unordered_set<const Node*> live_;  // the nodes the graph's outputs depend on
   std::ostringstream body_;
   int next_ = 0;
   std::unordered_map<const Value*, Operand> values_;
@@ -239,6 +262,24 @@ Operand Emitter::op(const std::string& name, const std::vector<Operand>& args, c
   for (size_t i = 0; i < args.size(); ++i) body_ << (i ? ", " : "") << mlir_type(args[i].dims, args[i].dtype);
   body_ << ") -> " << mlir_type(dims, t) << "\n";
   return out;
+}
+
+std::vector<Operand> Emitter::op_n(const std::string& name, const std::vector<Operand>& args,
+                                   const std::vector<std::pair<Dims, c10::ScalarType>>& results,
+                                   const std::string& attrs, const std::string& region) {
+  const std::string base = fresh();
+  body_ << "    " << base << ":" << results.size() << " = \"" << name << "\"(";
+  for (size_t i = 0; i < args.size(); ++i) body_ << (i ? ", " : "") << args[i].ssa;
+  body_ << ") (" << region << ") {" << attrs << "} : (";
+  for (size_t i = 0; i < args.size(); ++i) body_ << (i ? ", " : "") << mlir_type(args[i].dims, args[i].dtype);
+  body_ << ") -> (";
+  std::vector<Operand> outs;
+  for (size_t i = 0; i < results.size(); ++i) {
+    body_ << (i ? ", " : "") << mlir_type(results[i].first, results[i].second);
+    outs.push_back({base + "#" + std::to_string(i), results[i].first, results[i].second, Tier::dimensioned, std::nullopt});
+  }
+  body_ << ")\n";
+  return outs;
 }
 
 Operand Emitter::splat(const c10::Scalar& value, const Dims& dims, c10::ScalarType t) {
@@ -674,7 +715,7 @@ void Emitter::native_layer_norm_backward(const Node* n) {
   const bool has_weight = !none_arg(n, 5), has_bias = !none_arg(n, 6);
   for (size_t i = 0; i < 3; ++i) {
     const bool defined = mask[i] && (i != 1 || has_weight) && (i != 2 || has_bias);
-    if (!defined && n->output(i)->hasUses()) throw Unsupported{"a use of undefined output " + std::to_string(i)};
+    if (!defined && used(n->output(i))) throw Unsupported{"a use of undefined output " + std::to_string(i)};
   }
   if (mask[0]) {
     const Operand g = has_weight ? mul(grad, as(in(n, 5), t)) : grad;
@@ -688,6 +729,192 @@ void Emitter::native_layer_norm_backward(const Node* n) {
   }
   if (mask[1] && has_weight) set(n, 1, as(reduce(mul(grad, x_hat), outer, "stablehlo.add", 0), out_dtype(n, 1)));
   if (mask[2] && has_bias) set(n, 2, as(reduce(grad, outer, "stablehlo.add", 0), out_dtype(n, 2)));
+}
+
+Dims Emitter::spatial_arg(const Node* n, size_t i, const char* what, size_t spatial, const Dims& if_empty) {
+  Dims v = ints_arg(n, i, what);
+  if (v.empty()) v = if_empty;
+  if (v.size() == 1) v.assign(spatial, v[0]);
+  if (v.size() != spatial) throw std::invalid_argument(std::string(what) + " of another length than the spatial dims");
+  return v;
+}
+
+Operand Emitter::conv(const Operand& lhs, const Operand& rhs, const std::string& layout, const Dims& dims,
+                      const Dims& strides, const std::vector<std::pair<int64_t, int64_t>>& padding,
+                      const Dims& lhs_dilation, const Dims& rhs_dilation, int64_t feature_groups) {
+  std::string pad = "dense<[";
+  for (size_t i = 0; i < padding.size(); ++i)
+    pad += (i ? ", [" : "[") + std::to_string(padding[i].first) + ", " + std::to_string(padding[i].second) + "]";
+  pad += "]> : tensor<" + std::to_string(padding.size()) + "x2xi64>";
+  return op("stablehlo.convolution", {lhs, rhs}, dims, lhs.dtype,
+            "batch_group_count = 1 : i64, dimension_numbers = #stablehlo.conv<" + layout +
+                ">, feature_group_count = " + std::to_string(feature_groups) + " : i64, lhs_dilation = " +
+                i64_array(lhs_dilation) + ", padding = " + pad + ", rhs_dilation = " + i64_array(rhs_dilation) +
+                ", window_strides = " + i64_array(strides));
+}
+
+// "[b, f, 0, 1]"-style layouts: `first`, `second`, then the spatial dims.
+std::string conv_layout(const char* first, const char* second, size_t spatial) {
+  std::string s = std::string("[") + first + ", " + second;
+  for (size_t i = 0; i < spatial; ++i) s += ", " + std::to_string(i);
+  return s + "]";
+}
+
+// (input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
+void Emitter::convolution(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Operand x = as(in(n, 0), t), w = as(in(n, 1), t);
+  const size_t spatial = x.dims.size() - 2;
+  if (bool_arg(n, 6, "transposed")) throw Unsupported{"transposed"};
+  const Dims stride = spatial_arg(n, 3, "stride", spatial, {1}), padding = spatial_arg(n, 4, "padding", spatial, {0}),
+             dilation = spatial_arg(n, 5, "dilation", spatial, {1});
+  std::vector<std::pair<int64_t, int64_t>> pads;
+  for (int64_t p : padding) pads.emplace_back(p, p);
+  const std::string layout = conv_layout("b", "f", spatial) + "x" + conv_layout("o", "i", spatial) + "->" +
+                             conv_layout("b", "f", spatial);
+  Operand out = conv(x, w, layout, out_dims(n), stride, pads, Dims(spatial, 1), dilation, int_arg(n, 8, "groups"));
+  if (!none_arg(n, 2))
+    out = add(out, op("stablehlo.broadcast_in_dim", {as(in(n, 2), t)}, out.dims, t, "broadcast_dimensions = array<i64: 1>"));
+  set(n, 0, out);
+}
+
+// (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+// groups, output_mask) -> (grad_input, grad_weight, grad_bias), as JAX differentiates a
+// convolution: grad_input is grad_output dilated by the stride, convolved with the kernel
+// reversed in space and its feature dims swapped; grad_weight convolves the input with
+// grad_output over the batch (batch and features exchanged); grad_bias sums grad_output over all
+// but its features. Outputs the mask leaves undefined must be unused.
+void Emitter::convolution_backward(const Node* n) {
+  const c10::ScalarType t = out_dtype(n, 1);
+  const Operand grad = as(in(n, 0), t), x = as(in(n, 1), t), w = as(in(n, 2), t);
+  const size_t spatial = x.dims.size() - 2;
+  if (bool_arg(n, 7, "transposed")) throw Unsupported{"transposed"};
+  if (int_arg(n, 9, "groups") != 1) throw Unsupported{"groups " + std::to_string(int_arg(n, 9, "groups"))};
+  const Dims stride = spatial_arg(n, 4, "stride", spatial, {1}), padding = spatial_arg(n, 5, "padding", spatial, {0}),
+             dilation = spatial_arg(n, 6, "dilation", spatial, {1});
+  const std::vector<bool> mask = constant(n, 10, "output_mask").toBoolList().vec();
+  for (size_t i = 0; i < 3; ++i)
+    if (!mask.at(i) && used(n->output(i))) throw Unsupported{"a use of undefined output " + std::to_string(i)};
+  Dims spatial_dims;
+  for (size_t i = 0; i < spatial; ++i) spatial_dims.push_back(static_cast<int64_t>(i + 2));
+  if (mask[0]) {
+    std::vector<std::pair<int64_t, int64_t>> pads;
+    for (size_t i = 0; i < spatial; ++i) {
+      const int64_t extent = dilation[i] * (w.dims[i + 2] - 1);
+      const int64_t lo = extent - padding[i];
+      const int64_t hi = x.dims[i + 2] - 1 - (grad.dims[i + 2] - 1) * stride[i] - lo + extent;
+      pads.emplace_back(lo, hi);
+    }
+    const Operand flipped = op("stablehlo.reverse", {w}, w.dims, t, "dimensions = " + i64_array(spatial_dims));
+    const std::string layout = conv_layout("b", "f", spatial) + "x" + conv_layout("i", "o", spatial) + "->" +
+                               conv_layout("b", "f", spatial);
+    set(n, 0, conv(grad, flipped, layout, x.dims, Dims(spatial, 1), pads, stride, dilation, 1));
+  }
+  if (mask[1]) {
+    std::vector<std::pair<int64_t, int64_t>> pads;
+    for (size_t i = 0; i < spatial; ++i) {
+      const int64_t hi = (w.dims[i + 2] - 1) * dilation[i] + (grad.dims[i + 2] - 1) * stride[i] + 1 - x.dims[i + 2] -
+                         padding[i];
+      pads.emplace_back(padding[i], hi);
+    }
+    const std::string layout = conv_layout("f", "b", spatial) + "x" + conv_layout("i", "o", spatial) + "->" +
+                               conv_layout("f", "b", spatial);
+    set(n, 1, conv(x, grad, layout, w.dims, dilation, pads, Dims(spatial, 1), stride, 1));
+  }
+  if (mask[2]) {
+    Dims dims = {0};
+    for (int64_t d : spatial_dims) dims.push_back(d);
+    set(n, 2, reshape(reduce(grad, dims, "stablehlo.add", 0), out_dims(n, 2)));
+  }
+}
+
+// (self [N, C, H, W] or [C, H, W], kernel_size, stride, padding, dilation, ceil_mode) ->
+// (output, indices): each window's maximum and the flat index (h * W + w) of its first maximum,
+// as libtorch's CPU kernel (a variadic reduce_window over the values and their indices; a tie
+// goes to the smaller index, which is the first in the window). NaN is not handled as libtorch
+// does (there a NaN always wins).
+void Emitter::max_pool2d_with_indices(const Node* n) {
+  const c10::ScalarType t = out_dtype(n, 0);
+  const Operand x = as(in(n, 0), t);
+  const size_t rank = x.dims.size();
+  if (rank != 3 && rank != 4) throw Unsupported{"input of " + std::to_string(rank) + " dimensions"};
+  const Dims kernel = spatial_arg(n, 1, "kernel_size", 2, {});
+  const Dims stride = spatial_arg(n, 2, "stride", 2, kernel), padding = spatial_arg(n, 3, "padding", 2, {0}),
+             dilation = spatial_arg(n, 4, "dilation", 2, {1});
+  if (dilation != Dims{1, 1}) throw Unsupported{"dilation " + ints(dilation)};
+  if (bool_arg(n, 5, "ceil_mode")) throw Unsupported{"ceil_mode"};
+  const int64_t w = x.dims[rank - 1];
+  const Operand rows = op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 2) + " : i64");
+  const Operand cols = op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 1) + " : i64");
+  const Operand flat = add(mul(rows, number(w)), cols);
+  Dims window(rank, 1), strides(rank, 1);
+  std::string pad = "dense<[";
+  for (size_t i = 0; i < rank; ++i) {
+    const int64_t p = i + 2 >= rank ? padding[i + 2 - rank] : 0;
+    if (i + 2 >= rank) {
+      window[i] = kernel[i + 2 - rank];
+      strides[i] = stride[i + 2 - rank];
+    }
+    pad += (i ? ", [" : "[") + std::to_string(p) + ", " + std::to_string(p) + "]";
+  }
+  pad += "]> : tensor<" + std::to_string(rank) + "x2xi64>";
+  const std::string v = mlir_type({}, t), l = mlir_type({}, c10::kLong);
+  const std::string a = fresh(), ai = fresh(), b = fresh(), bi = fresh(), gt = fresh(), eq = fresh(), lt = fresh(),
+                    tie = fresh(), pick = fresh(), rv = fresh(), ri = fresh();
+  auto cmp = [&](const std::string& r, const std::string& x0, const std::string& x1, const std::string& ty,
+                 const char* dir) {
+    return "      " + r + " = \"stablehlo.compare\"(" + x0 + ", " + x1 +
+           ") {comparison_direction = #stablehlo<comparison_direction " + dir + ">} : (" + ty + ", " + ty +
+           ") -> tensor<i1>\n";
+  };
+  const std::string region =
+      "{\n    ^bb0(" + a + ": " + v + ", " + ai + ": " + l + ", " + b + ": " + v + ", " + bi + ": " + l + "):\n" +
+      cmp(gt, a, b, v, "GT") + cmp(eq, a, b, v, "EQ") + cmp(lt, ai, bi, l, "LT") + "      " + tie +
+      " = \"stablehlo.and\"(" + eq + ", " + lt + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n      " + pick +
+      " = \"stablehlo.or\"(" + gt + ", " + tie + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n      " + rv +
+      " = \"stablehlo.select\"(" + pick + ", " + a + ", " + b + ") : (tensor<i1>, " + v + ", " + v + ") -> " + v +
+      "\n      " + ri + " = \"stablehlo.select\"(" + pick + ", " + ai + ", " + bi + ") : (tensor<i1>, " + l + ", " + l +
+      ") -> " + l + "\n      \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + v + ", " + l + ") -> ()\n    }";
+  const Dims dims = out_dims(n, 0);
+  const std::vector<Operand> outs =
+      op_n("stablehlo.reduce_window",
+           {x, flat, splat(-std::numeric_limits<double>::infinity(), {}, t), splat(-1, {}, c10::kLong)},
+           {{dims, t}, {dims, c10::kLong}},
+           "padding = " + pad + ", window_dimensions = " + i64_array(window) + ", window_strides = " + i64_array(strides),
+           region);
+  set(n, 0, outs[0]);
+  set(n, 1, outs[1]);
+}
+
+// (grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices) -> grad_input:
+// each grad_output element added at the position the forward's indices name in its plane (a
+// scatter-add over the flattened input).
+void Emitter::max_pool2d_with_indices_backward(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Dims dims = out_dims(n);
+  const Operand grad = as(in(n, 0), t);
+  const Operand indices = as(in(n, 7), c10::kLong);
+  const size_t rank = dims.size();
+  if (rank != 3 && rank != 4) throw Unsupported{"input of " + std::to_string(rank) + " dimensions"};
+  const int64_t plane = dims[rank - 1] * dims[rank - 2];
+  int64_t total = 1, k = 1;
+  for (int64_t d : dims) total *= d;
+  for (int64_t d : grad.dims) k *= d;
+  // The plane of each grad_output element: its flat index over the leading dims.
+  Operand plane_index = splat(0, grad.dims, c10::kLong);
+  for (size_t i = 0; i + 2 < rank; ++i) {
+    int64_t stride = 1;
+    for (size_t j = i + 1; j + 2 < rank; ++j) stride *= grad.dims[j];
+    const Operand iota = op("stablehlo.iota", {}, grad.dims, c10::kLong, "iota_dimension = " + std::to_string(i) + " : i64");
+    plane_index = add(plane_index, mul(iota, number(stride)));
+  }
+  const Operand where = reshape(add(mul(plane_index, number(plane)), indices), {k});
+  const std::string numbers =
+      "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], "
+      "index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false";
+  const Operand flat = op("stablehlo.scatter", {splat(0, {total}, t), where, reshape(grad, {k})}, {total}, t, numbers,
+                          combiner("stablehlo.add", t));
+  set(n, 0, reshape(flat, dims));
 }
 
 std::pair<Operand, Operand> Emitter::nll_mask_and_weights(const Node* n, const Operand& self2d,
@@ -833,6 +1060,11 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
       {"aten::gelu_backward", [](Emitter& e, const Node* n) { e.gelu_backward(n); }},
       {"aten::native_layer_norm", [](Emitter& e, const Node* n) { e.native_layer_norm(n); }},
       {"aten::embedding", [](Emitter& e, const Node* n) { e.embedding(n); }},
+      {"aten::convolution", [](Emitter& e, const Node* n) { e.convolution(n); }},
+      {"aten::convolution_backward", [](Emitter& e, const Node* n) { e.convolution_backward(n); }},
+      {"aten::max_pool2d_with_indices", [](Emitter& e, const Node* n) { e.max_pool2d_with_indices(n); }},
+      {"aten::max_pool2d_with_indices_backward",
+       [](Emitter& e, const Node* n) { e.max_pool2d_with_indices_backward(n); }},
       {"aten::embedding_dense_backward", [](Emitter& e, const Node* n) { e.embedding_dense_backward(n); }},
       {"aten::native_layer_norm_backward", [](Emitter& e, const Node* n) { e.native_layer_norm_backward(n); }},
       {"aten::nll_loss_backward", [](Emitter& e, const Node* n) { e.nll_loss_backward(n); }},
@@ -841,8 +1073,7 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
 }
 
 Emission Emitter::run() {
-  // The live nodes: those the outputs depend on.
-  std::unordered_set<const Node*> live;
+  std::unordered_set<const Node*>& live = live_;
   std::vector<const Value*> pending(graph_.outputs().begin(), graph_.outputs().end());
   while (!pending.empty()) {
     const Node* n = pending.back()->node();
