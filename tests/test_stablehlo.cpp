@@ -760,3 +760,18 @@ TEST(StableHlo, WholeCnnValidationStepMatchesTheInterpreter) {
   const auto graph = step_graph("cnn_eval_step1");
   check_step("cnn_eval_step1", graph, step_inputs("cnn_eval_step1", *graph, 1), {1e-4, 1e-4});
 }
+
+// The second steps: the forward/backward adds into the gradients of the first (aten::add,
+// aten::zero), Adam's update reads the state the first made. Tolerances as for the first steps.
+TEST(StableHlo, WholeSecondStepsOfTheThreeModelsMatchTheInterpreter) {
+  torch::manual_seed(40);
+  for (const auto& [step, tol] : {std::pair<std::string, Tolerance>{"mlp_fwbw_step2", {1e-5, 1e-6}},
+                                  {"mlp_opt_step2", {1e-5, 1e-6}},
+                                  {"cnn_fwbw_step2", {1e-4, 1e-4}},
+                                  {"cnn_opt_step2", {1e-5, 1e-6}},
+                                  {"charlm_fwbw_step2", {1e-5, 1e-6}},
+                                  {"charlm_opt_step2", {1e-5, 1e-6}}}) {
+    const auto graph = step_graph(step);
+    check_step(step, graph, step_inputs(step, *graph, 1), tol);
+  }
+}
