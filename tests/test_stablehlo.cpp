@@ -678,6 +678,23 @@ graph(%a : Tensor, %b : Tensor):
   EXPECT_EQ(e.module, "");
 }
 
+TEST(StableHlo, TypedIrTextAsInTheHeaderExample) {
+  // Types written in the IR text instead of set from a run; a complex input is reported.
+  const auto graph = parse(
+      "graph(%a : Float(2, 3), %b : Float(3)):\n  %c : Float(2, 3) = aten::mul(%a, %b)\n  return (%c)\n");
+  const Emission e = emit_stablehlo(*graph);
+  ASSERT_EQ(e.unsupported, std::vector<std::string>{});
+  EXPECT_NE(e.module.find("\"stablehlo.multiply\""), std::string::npos) << e.module;
+  const pjrt::Client& client = pjrt::process_client();
+  const auto a = torch::randn({2, 3}), b = torch::randn({3});
+  const pjrt::Buffer da = pjrt::to_device(client, a), db = pjrt::to_device(client, b);
+  const auto out = client.compile(e.module).execute({&da, &db});
+  EXPECT_TRUE(torch::allclose(pjrt::to_tensor(out.at(0)), a * b));
+
+  const auto complex = parse("graph(%a : ComplexFloat(2)):\n  %c : ComplexFloat(2) = aten::mul(%a, %a)\n  return (%c)\n");
+  EXPECT_EQ(emit_stablehlo(*complex).unsupported, (std::vector<std::string>{"graph input 0 (dtype ComplexFloat)"}));
+}
+
 TEST(StableHlo, UntypedGraphIsAnErrorNamingTheValue) {
   const auto graph = parse(R"IR(
 graph(%a : Tensor):

@@ -378,9 +378,8 @@ Operand Emitter::scaled(const Operand& x, const Operand& s) {
 
 const Operand& Emitter::in(const Node* n, size_t i) const {
   const auto it = values_.find(n->input(i));
-  if (it == values_.end())
-    throw std::invalid_argument("input " + std::to_string(i) + " (%" + n->input(i)->debugName() + ") of " +
-                                n->kind().toQualString() + " has no value");
+  if (it == values_.end())  // a tensor or list constant, or a node's output of another type
+    throw Unsupported{"operand " + std::to_string(i) + " of type " + n->input(i)->type()->repr_str()};
   return it->second;
 }
 
@@ -453,17 +452,7 @@ Operand Emitter::operand_of_input(const Value* v) {
 // ---------------------------------------------------------------------------------------------
 
 void Emitter::elementwise(const Node* n, const std::string& name) {
-  const c10::ScalarType t = out_dtype(n);
-  if (n->inputs().size() == 1 || name == "stablehlo.sqrt" || name == "stablehlo.maximum") {
-    Operand x = as(in(n, 0), t);
-    if (name == "stablehlo.maximum") {  // relu
-      set(n, 0, binary(name, x, Operand{"", {}, t, Tier::number, c10::Scalar(0)}, t));
-      return;
-    }
-    set(n, 0, op(name, {x}, x.dims, t));
-    return;
-  }
-  set(n, 0, binary(name, in(n, 0), in(n, 1), t));
+  set(n, 0, binary(name, in(n, 0), in(n, 1), out_dtype(n)));
 }
 
 void Emitter::add_or_sub(const Node* n, const std::string& name) {
@@ -1005,8 +994,8 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
            throw Unsupported{"rounding_mode '" + constant(n, 2, "rounding_mode").toStringRef() + "'"};
          e.elementwise(n, "stablehlo.divide");
        }},
-      {"aten::sqrt", [](Emitter& e, const Node* n) { e.elementwise(n, "stablehlo.sqrt"); }},
-      {"aten::relu", [](Emitter& e, const Node* n) { e.elementwise(n, "stablehlo.maximum"); }},
+      {"aten::sqrt", [](Emitter& e, const Node* n) { e.set(n, 0, e.unary("stablehlo.sqrt", e.as(e.in(n, 0), out_dtype(n)))); }},
+      {"aten::relu", [](Emitter& e, const Node* n) { e.set(n, 0, e.binary("stablehlo.maximum", e.in(n, 0), number(0), out_dtype(n))); }},
       {"aten::addcmul", [](Emitter& e, const Node* n) { e.addcop(n, "stablehlo.multiply"); }},
       {"aten::addcdiv", [](Emitter& e, const Node* n) { e.addcop(n, "stablehlo.divide"); }},
       {"aten::zero", [](Emitter& e, const Node* n) { e.set(n, 0, e.splat(0, out_dims(n), out_dtype(n))); }},
@@ -1099,9 +1088,14 @@ Emission Emitter::run() {
     const Value* v = graph_.inputs()[i];
     Operand x = operand_of_input(v);
     x.ssa = "%a" + std::to_string(i);
-    signature << (i ? ", " : "") << x.ssa << ": " << mlir_type(x.dims, x.dtype);
+    try {
+      signature << (i ? ", " : "") << x.ssa << ": " << mlir_type(x.dims, x.dtype);
+    } catch (const Unsupported& u) {
+      record("graph input " + std::to_string(i) + " (" + u.what + ")");
+    }
     values_[v] = std::move(x);
   }
+  if (!result.unsupported.empty()) return result;
 
   std::unordered_set<const Value*> poisoned;  // outputs of nodes that could not be lowered
   for (const Node* n : graph_.nodes()) {
