@@ -1,0 +1,339 @@
+#include "xla/pjrt/client.h"
+
+#include <pjrt_c_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <stdexcept>
+#include <utility>
+
+#include "runtime/threads.h"
+#include "xla/pjrt/metrics.h"
+#include "xla/pjrt/plugin_choice.h"
+
+namespace fulgur::xla::pjrt {
+namespace {
+
+// xla.CompileOptionsProto, serialized: executable_build_options {num_replicas: 1,
+// num_partitions: 1}, compile_portable_executable: true. An empty message means 0 replicas,
+// which the CPU plugin does not survive.
+constexpr char kCompileOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01};
+
+static_assert(static_cast<int>(ElementType::pred) == PJRT_Buffer_Type_PRED);
+static_assert(static_cast<int>(ElementType::s8) == PJRT_Buffer_Type_S8);
+static_assert(static_cast<int>(ElementType::s16) == PJRT_Buffer_Type_S16);
+static_assert(static_cast<int>(ElementType::s32) == PJRT_Buffer_Type_S32);
+static_assert(static_cast<int>(ElementType::s64) == PJRT_Buffer_Type_S64);
+static_assert(static_cast<int>(ElementType::u8) == PJRT_Buffer_Type_U8);
+static_assert(static_cast<int>(ElementType::f16) == PJRT_Buffer_Type_F16);
+static_assert(static_cast<int>(ElementType::f32) == PJRT_Buffer_Type_F32);
+static_assert(static_cast<int>(ElementType::f64) == PJRT_Buffer_Type_F64);
+static_assert(static_cast<int>(ElementType::bf16) == PJRT_Buffer_Type_BF16);
+
+// Frees the error of a destroy call made from a destructor, where it cannot be reported.
+void destroy_quietly(const Plugin& plugin, PJRT_Error* error) {
+  if (!error) return;
+  PJRT_Error_Destroy_Args d{};
+  d.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE;
+  d.error = error;
+  plugin.api()->PJRT_Error_Destroy(&d);
+}
+
+// An event the plugin handed out, destroyed with it.
+class Event {
+ public:
+  Event(const Plugin& plugin, PJRT_Event* event) : plugin_(plugin), event_(event) {}
+  ~Event() {
+    if (!event_) return;
+    PJRT_Event_Destroy_Args d{};
+    d.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
+    d.event = event_;
+    destroy_quietly(plugin_, plugin_.api()->PJRT_Event_Destroy(&d));
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  // Waits for the event; throws PjrtError naming `call` (the operation it stands for) if that
+  // operation failed.
+  void await(const char* call) const {
+    if (!event_) return;
+    PJRT_Event_Await_Args a{};
+    a.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
+    a.event = event_;
+    plugin_.check(plugin_.api()->PJRT_Event_Await(&a), call);
+  }
+
+ private:
+  const Plugin& plugin_;
+  PJRT_Event* event_;
+};
+
+void destroy_buffer(const Plugin& plugin, PJRT_Buffer* buffer) {
+  PJRT_Buffer_Destroy_Args d{};
+  d.struct_size = PJRT_Buffer_Destroy_Args_STRUCT_SIZE;
+  d.buffer = buffer;
+  destroy_quietly(plugin, plugin.api()->PJRT_Buffer_Destroy(&d));
+}
+
+void destroy_executable(const Plugin& plugin, PJRT_LoadedExecutable* executable) {
+  PJRT_LoadedExecutable_Destroy_Args d{};
+  d.struct_size = PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE;
+  d.executable = executable;
+  destroy_quietly(plugin, plugin.api()->PJRT_LoadedExecutable_Destroy(&d));
+}
+
+void set_thread_count(int64_t local_world_size) {
+  const std::string n = std::to_string(runtime::threads_per_worker(local_world_size));
+  setenv("PJRT_NPROC", n.c_str(), /*overwrite=*/0);
+}
+
+}  // namespace
+
+size_t element_size(ElementType type) {
+  switch (type) {
+    case ElementType::pred:
+    case ElementType::s8:
+    case ElementType::u8: return 1;
+    case ElementType::s16:
+    case ElementType::f16:
+    case ElementType::bf16: return 2;
+    case ElementType::s32:
+    case ElementType::f32: return 4;
+    case ElementType::s64:
+    case ElementType::f64: return 8;
+  }
+  throw std::invalid_argument("element_size: PJRT buffer type " + std::to_string(static_cast<int>(type)) +
+                              " is not one fulgur uses");
+}
+
+// ---------------------------------------------------------------- Buffer
+
+Buffer::Buffer(Buffer&& other) noexcept : plugin_(other.plugin_), buffer_(std::exchange(other.buffer_, nullptr)) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    if (buffer_) destroy_buffer(*plugin_, buffer_);
+    plugin_ = other.plugin_;
+    buffer_ = std::exchange(other.buffer_, nullptr);
+  }
+  return *this;
+}
+
+Buffer::~Buffer() {
+  if (buffer_) destroy_buffer(*plugin_, buffer_);
+}
+
+ElementType Buffer::element_type() const {
+  PJRT_Buffer_ElementType_Args a{};
+  a.struct_size = PJRT_Buffer_ElementType_Args_STRUCT_SIZE;
+  a.buffer = buffer_;
+  plugin_->check(plugin_->api()->PJRT_Buffer_ElementType(&a), "PJRT_Buffer_ElementType");
+  return static_cast<ElementType>(a.type);
+}
+
+std::vector<int64_t> Buffer::dims() const {
+  PJRT_Buffer_Dimensions_Args a{};
+  a.struct_size = PJRT_Buffer_Dimensions_Args_STRUCT_SIZE;
+  a.buffer = buffer_;
+  plugin_->check(plugin_->api()->PJRT_Buffer_Dimensions(&a), "PJRT_Buffer_Dimensions");
+  return std::vector<int64_t>(a.dims, a.dims + a.num_dims);
+}
+
+void Buffer::to_host(void* dst, size_t bytes) const {
+  PJRT_Buffer_ToHostBuffer_Args a{};
+  a.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
+  a.src = buffer_;
+  a.dst = nullptr;  // first ask for the size
+  plugin_->check(plugin_->api()->PJRT_Buffer_ToHostBuffer(&a), "PJRT_Buffer_ToHostBuffer");
+  if (a.dst_size != bytes)
+    throw std::invalid_argument("Buffer::to_host: the buffer holds " + std::to_string(a.dst_size) +
+                                " bytes, the destination " + std::to_string(bytes));
+  a.dst = dst;
+  a.event = nullptr;
+  plugin_->check(plugin_->api()->PJRT_Buffer_ToHostBuffer(&a), "PJRT_Buffer_ToHostBuffer");
+  Event done(*plugin_, a.event);
+  done.await("PJRT_Buffer_ToHostBuffer");
+  detail::count_to_host(static_cast<int64_t>(bytes));
+}
+
+// ---------------------------------------------------------------- Executable
+
+Executable::Executable(const Plugin& plugin, PJRT_Device* device, PJRT_LoadedExecutable* executable)
+    : plugin_(&plugin), device_(device), executable_(executable) {
+  PJRT_LoadedExecutable_GetExecutable_Args g{};
+  g.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
+  g.loaded_executable = executable_;
+  try {
+    plugin.check(plugin.api()->PJRT_LoadedExecutable_GetExecutable(&g), "PJRT_LoadedExecutable_GetExecutable");
+    PJRT_Executable_NumOutputs_Args n{};
+    n.struct_size = PJRT_Executable_NumOutputs_Args_STRUCT_SIZE;
+    n.executable = g.executable;
+    PJRT_Error* error = plugin.api()->PJRT_Executable_NumOutputs(&n);
+    PJRT_Executable_Destroy_Args d{};
+    d.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE;
+    d.executable = g.executable;
+    destroy_quietly(plugin, plugin.api()->PJRT_Executable_Destroy(&d));
+    plugin.check(error, "PJRT_Executable_NumOutputs");
+    num_outputs_ = n.num_outputs;
+  } catch (...) {
+    destroy_executable(plugin, executable_);
+    throw;
+  }
+}
+
+Executable::Executable(Executable&& other) noexcept
+    : plugin_(other.plugin_),
+      device_(other.device_),
+      executable_(std::exchange(other.executable_, nullptr)),
+      num_outputs_(other.num_outputs_) {}
+
+Executable& Executable::operator=(Executable&& other) noexcept {
+  if (this != &other) {
+    if (executable_) destroy_executable(*plugin_, executable_);
+    plugin_ = other.plugin_;
+    device_ = other.device_;
+    executable_ = std::exchange(other.executable_, nullptr);
+    num_outputs_ = other.num_outputs_;
+  }
+  return *this;
+}
+
+Executable::~Executable() {
+  if (executable_) destroy_executable(*plugin_, executable_);
+}
+
+std::vector<Buffer> Executable::execute(const std::vector<const Buffer*>& args) const {
+  std::vector<PJRT_Buffer*> inputs;
+  inputs.reserve(args.size());
+  for (const Buffer* b : args) inputs.push_back(b->get());
+  PJRT_Buffer* const* argument_lists[] = {inputs.data()};
+  std::vector<PJRT_Buffer*> outputs(num_outputs_, nullptr);
+  PJRT_Buffer** output_lists[] = {outputs.data()};
+
+  PJRT_ExecuteOptions options{};
+  options.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
+  PJRT_LoadedExecutable_Execute_Args a{};
+  a.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
+  a.executable = executable_;
+  a.options = &options;
+  a.argument_lists = argument_lists;
+  a.num_devices = 1;
+  a.num_args = inputs.size();
+  a.output_lists = output_lists;
+  // A portable executable has no device assignment of its own.
+  a.execute_device = device_;
+  plugin_->check(plugin_->api()->PJRT_LoadedExecutable_Execute(&a), "PJRT_LoadedExecutable_Execute");
+  detail::count_execution();
+  std::vector<Buffer> result;
+  result.reserve(outputs.size());
+  for (PJRT_Buffer* b : outputs) result.push_back(Buffer(*plugin_, b));
+  return result;
+}
+
+// ---------------------------------------------------------------- Client
+
+Client::Client(const Plugin& plugin, const ClientOptions& options) : plugin_(&plugin) {
+  set_thread_count(options.local_world_size);
+  const std::string device_count = "cpu_device_count";
+  PJRT_NamedValue create_options[1]{};
+  size_t num_options = 0;
+  if (options.cpu_device_count) {
+    PJRT_NamedValue& v = create_options[num_options++];
+    v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    v.name = device_count.c_str();
+    v.name_size = device_count.size();
+    v.type = PJRT_NamedValue_kInt64;
+    v.int64_value = *options.cpu_device_count;
+    v.value_size = 1;
+  }
+  PJRT_Client_Create_Args c{};
+  c.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE;
+  c.create_options = create_options;
+  c.num_options = num_options;
+  plugin.check(plugin.api()->PJRT_Client_Create(&c), "PJRT_Client_Create");
+  client_ = c.client;
+  try {
+    PJRT_Client_PlatformName_Args p{};
+    p.struct_size = PJRT_Client_PlatformName_Args_STRUCT_SIZE;
+    p.client = client_;
+    plugin.check(plugin.api()->PJRT_Client_PlatformName(&p), "PJRT_Client_PlatformName");
+    platform_name_.assign(p.platform_name, p.platform_name_size);
+    PJRT_Client_AddressableDevices_Args d{};
+    d.struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE;
+    d.client = client_;
+    plugin.check(plugin.api()->PJRT_Client_AddressableDevices(&d), "PJRT_Client_AddressableDevices");
+    if (d.num_addressable_devices == 0)
+      throw PjrtError("PJRT_Client_AddressableDevices", plugin.path(), "the client has no addressable device");
+    addressable_devices_ = d.num_addressable_devices;
+    device_ = d.addressable_devices[0];
+  } catch (...) {
+    PJRT_Client_Destroy_Args x{};
+    x.struct_size = PJRT_Client_Destroy_Args_STRUCT_SIZE;
+    x.client = client_;
+    destroy_quietly(plugin, plugin.api()->PJRT_Client_Destroy(&x));
+    throw;
+  }
+}
+
+Client::~Client() {
+  PJRT_Client_Destroy_Args x{};
+  x.struct_size = PJRT_Client_Destroy_Args_STRUCT_SIZE;
+  x.client = client_;
+  destroy_quietly(*plugin_, plugin_->api()->PJRT_Client_Destroy(&x));
+}
+
+Executable Client::compile(const std::string& stablehlo) const {
+  static const char format[] = "mlir";
+  PJRT_Program program{};
+  program.struct_size = PJRT_Program_STRUCT_SIZE;
+  program.code = const_cast<char*>(stablehlo.data());  // read only by Compile
+  program.code_size = stablehlo.size();
+  program.format = format;
+  program.format_size = sizeof format - 1;
+  PJRT_Client_Compile_Args a{};
+  a.struct_size = PJRT_Client_Compile_Args_STRUCT_SIZE;
+  a.client = client_;
+  a.program = &program;
+  a.compile_options = kCompileOptions;
+  a.compile_options_size = sizeof kCompileOptions;
+  const auto start = std::chrono::steady_clock::now();
+  plugin_->check(plugin_->api()->PJRT_Client_Compile(&a), "PJRT_Client_Compile");
+  detail::count_compile(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return Executable(*plugin_, device_, a.executable);
+}
+
+Buffer Client::to_device(const void* data, ElementType type, const std::vector<int64_t>& dims) const {
+  int64_t elements = 1;
+  for (int64_t d : dims) elements *= d;
+  const size_t bytes = element_size(type) * static_cast<size_t>(elements);
+  PJRT_Client_BufferFromHostBuffer_Args a{};
+  a.struct_size = PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE;
+  a.client = client_;
+  a.data = data;
+  a.type = static_cast<PJRT_Buffer_Type>(type);
+  a.dims = dims.data();
+  a.num_dims = dims.size();
+  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  a.device = device_;
+  plugin_->check(plugin_->api()->PJRT_Client_BufferFromHostBuffer(&a), "PJRT_Client_BufferFromHostBuffer");
+  Buffer buffer(*plugin_, a.buffer);
+  Event done(*plugin_, a.done_with_host_buffer);
+  done.await("PJRT_Client_BufferFromHostBuffer");
+  detail::count_to_device(static_cast<int64_t>(bytes));
+  return buffer;
+}
+
+Client& process_client() {
+  static Client* client = [] {
+    const PluginChoice choice = choose_plugin();
+    ClientOptions options;
+    if (choice.device != "CPU") options.cpu_device_count.reset();
+    if (const char* n = std::getenv("LOCAL_WORLD_SIZE")) options.local_world_size = std::max(1L, std::atol(n));
+    return new Client(Plugin::load(choice.path), options);
+  }();
+  return *client;
+}
+
+}  // namespace fulgur::xla::pjrt

@@ -1,0 +1,131 @@
+#pragma once
+// A PJRT client on one device, the buffers on it and the executables compiled for it. Every
+// handle owns what the plugin gave out and destroys it; a failed call throws PjrtError
+// (plugin.h). Buffers and executables must be destroyed before their client.
+//
+// Thread safety: the plugin's objects are thread-safe; these wrappers add no state of their own
+// except process_client()'s one-time creation.
+//
+// Example:
+//   Client& client = process_client();
+//   Executable add = client.compile(
+//       "func.func @main(%a: tensor<2xf32>, %b: tensor<2xf32>) -> tensor<2xf32> {\n"
+//       "  %0 = stablehlo.add %a, %b : tensor<2xf32>\n  return %0 : tensor<2xf32>\n}\n");
+//   float x[2] = {1, 2};
+//   Buffer a = client.to_device(x, ElementType::f32, {2});
+//   std::vector<Buffer> out = add.execute({&a, &a});
+//   out[0].to_host(x, sizeof x);  // {2, 4}
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "xla/pjrt/plugin.h"
+
+struct PJRT_Buffer;
+struct PJRT_Client;
+struct PJRT_Device;
+struct PJRT_LoadedExecutable;
+
+namespace fulgur::xla::pjrt {
+
+// Element types of device buffers; the values are PJRT_Buffer_Type's.
+enum class ElementType : int {
+  pred = 1, s8 = 2, s16 = 3, s32 = 4, s64 = 5, u8 = 6, f16 = 10, f32 = 11, f64 = 12, bf16 = 13
+};
+
+// Bytes per element; throws std::invalid_argument for a value outside ElementType.
+size_t element_size(ElementType type);
+
+class Buffer {
+ public:
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  ~Buffer();
+
+  ElementType element_type() const;
+  std::vector<int64_t> dims() const;
+  // Copies the buffer's dense row-major contents into `dst` and waits for the copy (and so for
+  // the computation that produces the buffer). REQUIRES: `bytes` is the buffer's size.
+  void to_host(void* dst, size_t bytes) const;
+
+  PJRT_Buffer* get() const { return buffer_; }
+
+ private:
+  friend class Client;
+  friend class Executable;
+  Buffer(const Plugin& plugin, PJRT_Buffer* buffer) : plugin_(&plugin), buffer_(buffer) {}
+
+  const Plugin* plugin_;
+  PJRT_Buffer* buffer_;
+};
+
+class Executable {
+ public:
+  Executable(Executable&& other) noexcept;
+  Executable& operator=(Executable&& other) noexcept;
+  ~Executable();
+
+  size_t num_outputs() const { return num_outputs_; }
+  // Runs the program on the client's device with `args` (in the order of the program's
+  // parameters). The outputs may still be computing when this returns; Buffer::to_host waits.
+  std::vector<Buffer> execute(const std::vector<const Buffer*>& args) const;
+
+ private:
+  friend class Client;
+  Executable(const Plugin& plugin, PJRT_Device* device, PJRT_LoadedExecutable* executable);
+
+  const Plugin* plugin_;
+  PJRT_Device* device_;
+  PJRT_LoadedExecutable* executable_;
+  size_t num_outputs_ = 0;
+};
+
+struct ClientOptions {
+  // The CPU plugin's `cpu_device_count` create option; unset: no option is passed (other
+  // plugins may refuse options they do not know).
+  std::optional<int64_t> cpu_device_count = 1;
+  // Workers sharing this machine. Before the client exists, PJRT_NPROC (the size of XLA:CPU's
+  // thread pools) is set to runtime::threads_per_worker(local_world_size), unless the
+  // environment already has PJRT_NPROC.
+  int64_t local_world_size = 1;
+};
+
+class Client {
+ public:
+  // A client of `plugin` on the plugin's first addressable device.
+  Client(const Plugin& plugin, const ClientOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const Plugin& plugin() const { return *plugin_; }
+  const std::string& platform_name() const { return platform_name_; }
+  size_t addressable_devices() const { return addressable_devices_; }
+
+  // Compiles a StableHLO module given as MLIR text (format "mlir") for one replica and one
+  // partition. Throws PjrtError with the plugin's diagnostics if the program is rejected.
+  Executable compile(const std::string& stablehlo) const;
+
+  // Copies `dims`-shaped dense row-major data of `type` to the device; `data` may be reused as
+  // soon as this returns.
+  Buffer to_device(const void* data, ElementType type, const std::vector<int64_t>& dims) const;
+
+ private:
+  const Plugin* plugin_;
+  PJRT_Client* client_ = nullptr;
+  PJRT_Device* device_ = nullptr;
+  size_t addressable_devices_ = 0;
+  std::string platform_name_;
+};
+
+// This process's client, created on first use from the plugin choose_plugin() picks
+// (PJRT_DEVICE, PJRT_LIBRARY_PATH; see plugin_choice.h) with LOCAL_WORLD_SIZE workers per
+// machine (1 if unset). It lives until the process ends and is never destroyed, because
+// plugins' threads may still run during static destruction. Thread-safe.
+Client& process_client();
+
+}  // namespace fulgur::xla::pjrt

@@ -1,0 +1,32 @@
+#include "xla/pjrt/metrics.h"
+
+#include <atomic>
+
+namespace fulgur::xla::pjrt {
+namespace {
+
+std::atomic<int64_t> programs_compiled{0}, compile_ns{0}, executions{0}, bytes_to_device{0}, bytes_to_host{0};
+
+}  // namespace
+
+RuntimeMetrics runtime_metrics() {
+  RuntimeMetrics m;
+  m.programs_compiled = programs_compiled.load();
+  m.compile_seconds = static_cast<double>(compile_ns.load()) * 1e-9;
+  m.executions = executions.load();
+  m.bytes_to_device = bytes_to_device.load();
+  m.bytes_to_host = bytes_to_host.load();
+  return m;
+}
+
+namespace detail {
+void count_compile(double seconds) {
+  programs_compiled.fetch_add(1);
+  compile_ns.fetch_add(static_cast<int64_t>(seconds * 1e9));
+}
+void count_execution() { executions.fetch_add(1); }
+void count_to_device(int64_t bytes) { bytes_to_device.fetch_add(bytes); }
+void count_to_host(int64_t bytes) { bytes_to_host.fetch_add(bytes); }
+}  // namespace detail
+
+}  // namespace fulgur::xla::pjrt

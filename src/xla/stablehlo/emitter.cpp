@@ -1,0 +1,1153 @@
+#include "xla/stablehlo/emitter.h"
+
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace fulgur::xla::stablehlo {
+namespace {
+
+using torch::jit::Node;
+using torch::jit::Value;
+using Dims = std::vector<int64_t>;
+
+// Thrown by a lowering for an argument it does not handle; the emitter records it.
+struct Unsupported {
+  std::string what;
+};
+
+// How an operand takes part in type promotion (torch.result_type): dimensioned tensors first,
+// then 0-d tensors, then numbers ("wrapped numbers").
+enum class Tier { dimensioned, zero_dim, number };
+
+struct Operand {
+  std::string ssa;  // empty for a constant not yet written
+  Dims dims;
+  c10::ScalarType dtype;
+  Tier tier;
+  std::optional<c10::Scalar> constant;  // the value of a prim::Constant number
+};
+
+std::string mlir_element_type(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: return "f32";
+    case c10::kDouble: return "f64";
+    case c10::kHalf: return "f16";
+    case c10::kBFloat16: return "bf16";
+    case c10::kLong: return "i64";
+    case c10::kInt: return "i32";
+    case c10::kShort: return "i16";
+    case c10::kChar: return "i8";
+    case c10::kByte: return "ui8";
+    case c10::kBool: return "i1";
+    default: throw Unsupported{std::string("dtype ") + c10::toString(t)};
+  }
+}
+
+std::string mlir_type(const Dims& dims, c10::ScalarType t) {
+  std::string s = "tensor<";
+  for (int64_t d : dims) s += std::to_string(d) + "x";
+  return s + mlir_element_type(t) + ">";
+}
+
+std::string ints(const Dims& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::string i64_array(const Dims& v) { return v.empty() ? "array<i64>" : "array<i64: " + ints(v) + ">"; }
+
+// An MLIR literal for `value` converted to `t` as libtorch converts a scalar (a C++ cast);
+// floating values in hexadecimal (their exact bits, and the only spelling of inf and nan).
+std::string literal(const c10::Scalar& value, c10::ScalarType t) {
+  char buf[40];
+  switch (t) {
+    case c10::kFloat: {
+      const float f = value.to<float>();
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      std::snprintf(buf, sizeof buf, "0x%08" PRIX32, bits);
+      return buf;
+    }
+    case c10::kDouble: {
+      const double d = value.to<double>();
+      uint64_t bits;
+      std::memcpy(&bits, &d, 8);
+      std::snprintf(buf, sizeof buf, "0x%016" PRIX64, bits);
+      return buf;
+    }
+    case c10::kHalf:
+      std::snprintf(buf, sizeof buf, "0x%04X", static_cast<unsigned>(value.to<c10::Half>().x));
+      return buf;
+    case c10::kBFloat16:
+      std::snprintf(buf, sizeof buf, "0x%04X", static_cast<unsigned>(value.to<c10::BFloat16>().x));
+      return buf;
+    case c10::kBool: return value.to<bool>() ? "true" : "false";
+    case c10::kByte: return std::to_string(value.to<uint8_t>());
+    default: return std::to_string(value.to<int64_t>());
+  }
+}
+
+bool is_floating(c10::ScalarType t) { return c10::isFloatingType(t); }
+
+// c10's combine_categories (ATen/native/TypeProperties.cpp): a lower tier changes the result
+// only when it is of a higher category.
+c10::ScalarType combine_categories(c10::ScalarType higher, c10::ScalarType lower) {
+  if (higher == c10::ScalarType::Undefined) return lower;
+  if (lower == c10::ScalarType::Undefined) return higher;
+  if (is_floating(higher)) return higher;
+  if (higher == c10::kBool || is_floating(lower)) return c10::promoteTypes(higher, lower);
+  return higher;
+}
+
+c10::ScalarType result_type(const std::vector<const Operand*>& operands) {
+  c10::ScalarType tier[3] = {c10::ScalarType::Undefined, c10::ScalarType::Undefined, c10::ScalarType::Undefined};
+  for (const Operand* o : operands) {
+    c10::ScalarType t = o->dtype;
+    // A number counts as the default dtype if it is floating (libtorch's wrapped numbers).
+    if (o->tier == Tier::number && is_floating(t)) t = c10::kFloat;
+    c10::ScalarType& slot = tier[static_cast<int>(o->tier)];
+    slot = slot == c10::ScalarType::Undefined ? t : c10::promoteTypes(slot, t);
+  }
+  return combine_categories(combine_categories(tier[0], tier[1]), tier[2]);
+}
+
+// A number operand (written as a constant of whatever dtype it meets).
+Operand number(const c10::Scalar& value) {
+  return {"", {}, value.isFloatingPoint() ? c10::kDouble : c10::kLong, Tier::number, value};
+}
+
+Dims broadcast_dims(const Dims& a, const Dims& b) {
+  Dims out(std::max(a.size(), b.size()), 1);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int64_t da = i < out.size() - a.size() ? 1 : a[i - (out.size() - a.size())];
+    const int64_t db = i < out.size() - b.size() ? 1 : b[i - (out.size() - b.size())];
+    if (da != db && da != 1 && db != 1) throw std::invalid_argument("shapes do not broadcast");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+int64_t wrap_dim(int64_t dim, size_t rank) {
+  const int64_t r = std::max<int64_t>(static_cast<int64_t>(rank), 1);
+  if (dim < -r || dim >= r) throw std::invalid_argument("dimension " + std::to_string(dim) + " out of range");
+  return dim < 0 ? dim + r : dim;
+}
+
+class Emitter {
+ public:
+  explicit Emitter(const torch::jit::Graph& graph) : graph_(graph) {}
+
+  Emission run();
+
+ private:
+  using Lowering = std::function<void(Emitter&, const Node*)>;
+  static const std::unordered_map<std::string, Lowering>& lowerings();
+
+  // --- writing ops ---
+  std::string fresh() { return "%v" + std::to_string(next_++); }
+  Operand op(const std::string& name, const std::vector<Operand>& args, const Dims& dims, c10::ScalarType t,
+             const std::string& attrs = "", const std::string& region = "");
+  // An op of several results, `%vK#i`.
+  std::vector<Operand> op_n(const std::string& name, const std::vector<Operand>& args,
+                            const std::vector<std::pair<Dims, c10::ScalarType>>& results, const std::string& attrs,
+                            const std::string& region);
+  Operand splat(const c10::Scalar& value, const Dims& dims, c10::ScalarType t);
+  Operand as(const Operand& x, c10::ScalarType t);
+  Operand broadcast_to(const Operand& x, const Dims& dims);
+  // `x` with an SSA value (a constant written out in its own dtype).
+  Operand materialized(const Operand& x) { return x.ssa.empty() ? as(x, x.dtype) : x; }
+  Operand reshape(const Operand& x, const Dims& dims);
+  Operand binary(const std::string& name, const Operand& a, const Operand& b, c10::ScalarType t);
+  Operand compare(const std::string& direction, const Operand& a, const Operand& b, c10::ScalarType t);
+  Operand select(const Operand& pred, const Operand& on_true, const Operand& on_false);
+  Operand reduce(const Operand& x, const Dims& dims, const std::string& body_op, const c10::Scalar& init);
+  // A region of one block combining two 0-d values of `t` with `body_op` (reduce, scatter).
+  std::string combiner(const std::string& body_op, c10::ScalarType t);
+  Operand keep_dims(const Operand& reduced, const Dims& full, const Dims& dims);
+  Operand dot(const Operand& a, const Operand& b, const Dims& batch, int64_t lhs_contract, int64_t rhs_contract,
+              c10::ScalarType t);
+  // x * s, skipped if s is the constant 1.
+  Operand scaled(const Operand& x, const Operand& s);
+
+  // --- reading nodes ---
+  const Operand& in(const Node* n, size_t i) const;
+  void set(const Node* n, size_t i, Operand x);
+  static c10::ScalarType out_dtype(const Node* n, size_t i = 0);
+  static Dims out_dims(const Node* n, size_t i = 0);
+  static c10::IValue constant(const Node* n, size_t i, const char* what);
+  static int64_t int_arg(const Node* n, size_t i, const char* what) { return constant(n, i, what).toInt(); }
+  static bool bool_arg(const Node* n, size_t i, const char* what) { return constant(n, i, what).toBool(); }
+  static bool none_arg(const Node* n, size_t i) { return n->input(i)->type()->kind() == c10::TypeKind::NoneType; }
+  static Dims ints_arg(const Node* n, size_t i, const char* what) { return constant(n, i, what).toIntVector(); }
+  // The dims a reduction's dim argument names (all of them for None or []), wrapped and sorted.
+  static Dims reduced_dims(const Node* n, size_t i, size_t rank);
+
+  Operand operand_of_input(const Value* v);
+
+  // --- lowerings ---
+  void elementwise(const Node* n, const std::string& name);
+  void add_or_sub(const Node* n, const std::string& name);
+  void addcop(const Node* n, const std::string& name);
+  void addmm(const Node* n);
+  void matmul(const Node* n, bool batched);
+  void sum_or_mean(const Node* n, bool mean);
+  void log_softmax(const Node* n);
+  void log_softmax_backward(const Node* n);
+  void softmax(const Node* n);
+  void softmax_backward(const Node* n);
+  void gelu(const Node* n);
+  void gelu_backward(const Node* n);
+  void native_layer_norm(const Node* n);
+  void embedding(const Node* n);
+  void embedding_dense_backward(const Node* n);
+  void convolution(const Node* n);
+  void convolution_backward(const Node* n);
+  void max_pool2d_with_indices(const Node* n);
+  void max_pool2d_with_indices_backward(const Node* n);
+  // A stablehlo.convolution; `layout` is its dimension_numbers, spatial dims 0..rank-3.
+  Operand conv(const Operand& lhs, const Operand& rhs, const std::string& layout, const Dims& dims,
+               const Dims& strides, const std::vector<std::pair<int64_t, int64_t>>& padding, const Dims& lhs_dilation,
+               const Dims& rhs_dilation, int64_t feature_groups);
+  // The window arguments of a convolution or a pooling, one per spatial dim (a single value
+  // repeated); checks the node's other arguments are those the lowerings handle.
+  static Dims spatial_arg(const Node* n, size_t i, const char* what, size_t spatial, const Dims& if_empty);
+  void native_layer_norm_backward(const Node* n);
+  // The `approximate` argument of gelu and gelu_backward: false for "none", true for "tanh".
+  static bool tanh_approximation(const Node* n, size_t i);
+  Operand mul(const Operand& a, const Operand& b) { return binary("stablehlo.multiply", a, b, a.dtype); }
+  Operand add(const Operand& a, const Operand& b) { return binary("stablehlo.add", a, b, a.dtype); }
+  Operand unary(const std::string& name, const Operand& x) { return op(name, {x}, x.dims, x.dtype); }
+  void nll_loss_forward(const Node* n);
+  void nll_loss_backward(const Node* n);
+  // The [N, C] one-hot mask of `target` (ignored rows all false) and each row's weight.
+  std::pair<Operand, Operand> nll_mask_and_weights(const Node* n, const Operand& self2d, const Operand& target1d,
+                                                   size_t weight_input, int64_t ignore_index);
+
+  // Whether a live node (or the graph's return) uses `v`.
+  bool used(const Value* v) const {
+    return std::any_of(v->uses().begin(), v->uses().end(), [&](const torch::jit::Use& u) {
+      return u.user == graph_.return_node() || live_.count(u.user) > 0;
+    });
+  }
+
+  const torch::jit::Graph& graph_;
+  std::unordered_set<const Node*> live_;  // the nodes the graph's outputs depend on
+  std::ostringstream body_;
+  int next_ = 0;
+  std::unordered_map<const Value*, Operand> values_;
+};
+
+Operand Emitter::op(const std::string& name, const std::vector<Operand>& args, const Dims& dims, c10::ScalarType t,
+                    const std::string& attrs, const std::string& region) {
+  Operand out{fresh(), dims, t, dims.empty() ? Tier::zero_dim : Tier::dimensioned, std::nullopt};
+  body_ << "    " << out.ssa << " = \"" << name << "\"(";
+  for (size_t i = 0; i < args.size(); ++i) body_ << (i ? ", " : "") << args[i].ssa;
+  body_ << ")";
+  if (!region.empty()) body_ << " (" << region << ")";
+  if (!attrs.empty()) body_ << " {" << attrs << "}";
+  body_ << " : (";
+  for (size_t i = 0; i < args.size(); ++i) body_ << (i ? ", " : "") << mlir_type(args[i].dims, args[i].dtype);
+  body_ << ") -> " << mlir_type(dims, t) << "\n";
+  return out;
+}
+
+std::vector<Operand> Emitter::op_n(const std::string& name, const std::vector<Operand>& args,
+                                   const std::vector<std::pair<Dims, c10::ScalarType>>& results,
+                                   const std::string& attrs, const std::string& region) {
+  const std::string base = fresh();
+  body_ << "    " << base << ":" << results.size() << " = \"" << name << "\"(";
+  for (size_t i = 0; i < args.size(); ++i) body_ << (i ? ", " : "") << args[i].ssa;
+  body_ << ") (" << region << ") {" << attrs << "} : (";
+  for (size_t i = 0; i < args.size(); ++i) body_ << (i ? ", " : "") << mlir_type(args[i].dims, args[i].dtype);
+  body_ << ") -> (";
+  std::vector<Operand> outs;
+  for (size_t i = 0; i < results.size(); ++i) {
+    body_ << (i ? ", " : "") << mlir_type(results[i].first, results[i].second);
+    outs.push_back({base + "#" + std::to_string(i), results[i].first, results[i].second, Tier::dimensioned, std::nullopt});
+  }
+  body_ << ")\n";
+  return outs;
+}
+
+Operand Emitter::splat(const c10::Scalar& value, const Dims& dims, c10::ScalarType t) {
+  return op("stablehlo.constant", {}, dims, t, "value = dense<" + literal(value, t) + "> : " + mlir_type(dims, t));
+}
+
+Operand Emitter::as(const Operand& x, c10::ScalarType t) {
+  if (x.constant) {
+    Operand c = splat(*x.constant, {}, t);
+    c.tier = x.tier;
+    return c;
+  }
+  if (x.dtype == t) return x;
+  Operand c = op("stablehlo.convert", {x}, x.dims, t);
+  c.tier = x.tier;
+  return c;
+}
+
+Operand Emitter::broadcast_to(const Operand& x, const Dims& dims) {
+  Operand v = materialized(x);
+  if (v.dims == dims) return v;
+  if (v.dims.size() > dims.size()) throw std::invalid_argument("cannot broadcast to fewer dimensions");
+  Dims map;
+  for (size_t i = 0; i < v.dims.size(); ++i) map.push_back(static_cast<int64_t>(dims.size() - v.dims.size() + i));
+  return op("stablehlo.broadcast_in_dim", {v}, dims, v.dtype, "broadcast_dimensions = " + i64_array(map));
+}
+
+Operand Emitter::reshape(const Operand& x, const Dims& dims) {
+  if (x.dims == dims) return x;
+  return op("stablehlo.reshape", {x}, dims, x.dtype);
+}
+
+Operand Emitter::binary(const std::string& name, const Operand& a, const Operand& b, c10::ScalarType t) {
+  const Dims dims = broadcast_dims(a.dims, b.dims);
+  return op(name, {broadcast_to(as(a, t), dims), broadcast_to(as(b, t), dims)}, dims, t);
+}
+
+Operand Emitter::compare(const std::string& direction, const Operand& a, const Operand& b, c10::ScalarType t) {
+  const Dims dims = broadcast_dims(a.dims, b.dims);
+  return op("stablehlo.compare", {broadcast_to(as(a, t), dims), broadcast_to(as(b, t), dims)}, dims, c10::kBool,
+            "comparison_direction = #stablehlo<comparison_direction " + direction + ">");
+}
+
+Operand Emitter::select(const Operand& pred, const Operand& on_true, const Operand& on_false) {
+  const Dims dims = broadcast_dims(broadcast_dims(pred.dims, on_true.dims), on_false.dims);
+  // A 0-d predicate chooses whole operands; any other is broadcast like the operands.
+  const Operand p = pred.dims.empty() ? pred : broadcast_to(pred, dims);
+  return op("stablehlo.select", {p, broadcast_to(on_true, dims), broadcast_to(on_false, dims)}, dims, on_true.dtype);
+}
+
+Operand Emitter::reduce(const Operand& x, const Dims& dims, const std::string& body_op, const c10::Scalar& init) {
+  Dims out;
+  for (size_t i = 0; i < x.dims.size(); ++i)
+    if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(i)) == dims.end()) out.push_back(x.dims[i]);
+  const Operand init_value = splat(init, {}, x.dtype);
+  return op("stablehlo.reduce", {x, init_value}, out, x.dtype, "dimensions = " + i64_array(dims),
+            combiner(body_op, x.dtype));
+}
+
+std::string Emitter::combiner(const std::string& body_op, c10::ScalarType t) {
+  const std::string s = mlir_type({}, t);
+  const std::string a = fresh(), b = fresh(), r = fresh();
+  return "{\n    ^bb0(" + a + ": " + s + ", " + b + ": " + s + "):\n      " + r + " = \"" + body_op + "\"(" + a + ", " + b +
+         ") : (" + s + ", " + s + ") -> " + s + "\n      \"stablehlo.return\"(" + r + ") : (" + s + ") -> ()\n    }";
+}
+
+Operand Emitter::keep_dims(const Operand& reduced, const Dims& full, const Dims& dims) {
+  Dims map;
+  for (size_t i = 0; i < full.size(); ++i)
+    if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(i)) == dims.end()) map.push_back(static_cast<int64_t>(i));
+  return op("stablehlo.broadcast_in_dim", {reduced}, full, reduced.dtype, "broadcast_dimensions = " + i64_array(map));
+}
+
+Operand Emitter::dot(const Operand& a, const Operand& b, const Dims& batch, int64_t lhs_contract, int64_t rhs_contract,
+                     c10::ScalarType t) {
+  Dims dims;
+  for (int64_t d : batch) dims.push_back(a.dims[d]);
+  for (size_t i = 0; i < a.dims.size(); ++i)
+    if (static_cast<int64_t>(i) != lhs_contract && std::find(batch.begin(), batch.end(), static_cast<int64_t>(i)) == batch.end())
+      dims.push_back(a.dims[i]);
+  for (size_t i = 0; i < b.dims.size(); ++i)
+    if (static_cast<int64_t>(i) != rhs_contract && std::find(batch.begin(), batch.end(), static_cast<int64_t>(i)) == batch.end())
+      dims.push_back(b.dims[i]);
+  std::string numbers = "dot_dimension_numbers = #stablehlo.dot<";
+  if (!batch.empty())
+    numbers += "lhs_batching_dimensions = [" + ints(batch) + "], rhs_batching_dimensions = [" + ints(batch) + "], ";
+  numbers += "lhs_contracting_dimensions = [" + std::to_string(lhs_contract) + "], rhs_contracting_dimensions = [" +
+             std::to_string(rhs_contract) + "]>";
+  return op("stablehlo.dot_general", {as(a, t), as(b, t)}, dims, t, numbers);
+}
+
+Operand Emitter::scaled(const Operand& x, const Operand& s) {
+  if (s.constant && s.constant->equal(1)) return x;
+  return binary("stablehlo.multiply", x, s, x.dtype);
+}
+
+const Operand& Emitter::in(const Node* n, size_t i) const {
+  const auto it = values_.find(n->input(i));
+  if (it == values_.end())  // a tensor or list constant, or a node's output of another type
+    throw Unsupported{"operand " + std::to_string(i) + " of type " + n->input(i)->type()->repr_str()};
+  return it->second;
+}
+
+void Emitter::set(const Node* n, size_t i, Operand x) {
+  const Dims dims = out_dims(n, i);
+  const c10::ScalarType t = out_dtype(n, i);
+  if (x.dims != dims || x.dtype != t)
+    throw std::logic_error(std::string("lowering of ") + n->kind().toQualString() + " made " +
+                           mlir_type(x.dims, x.dtype) + " for %" + n->output(i)->debugName() + " declared " +
+                           mlir_type(dims, t));
+  values_[n->output(i)] = std::move(x);
+}
+
+c10::ScalarType Emitter::out_dtype(const Node* n, size_t i) {
+  const auto tensor = n->output(i)->type()->cast<c10::TensorType>();
+  if (!tensor || !tensor->scalarType())
+    throw std::invalid_argument("output %" + n->output(i)->debugName() + " of " + n->kind().toQualString() +
+                                " has no scalar type (type " + n->output(i)->type()->repr_str() +
+                                "): the emitter needs a typed graph");
+  return *tensor->scalarType();
+}
+
+Dims Emitter::out_dims(const Node* n, size_t i) {
+  const auto tensor = n->output(i)->type()->cast<c10::TensorType>();
+  const auto sizes = tensor ? tensor->sizes().concrete_sizes() : c10::nullopt;
+  if (!sizes)
+    throw std::invalid_argument("output %" + n->output(i)->debugName() + " of " + n->kind().toQualString() +
+                                " has no concrete sizes (type " + n->output(i)->type()->repr_str() +
+                                "): the emitter needs a typed graph");
+  return *sizes;
+}
+
+c10::IValue Emitter::constant(const Node* n, size_t i, const char* what) {
+  const auto value = torch::jit::toIValue(n->input(i));
+  if (!value) throw Unsupported{std::string("non-constant ") + what};
+  return *value;
+}
+
+Dims Emitter::reduced_dims(const Node* n, size_t i, size_t rank) {
+  Dims dims;
+  if (!none_arg(n, i)) dims = ints_arg(n, i, "dim");
+  if (dims.empty())
+    for (size_t d = 0; d < rank; ++d) dims.push_back(static_cast<int64_t>(d));
+  for (int64_t& d : dims) d = wrap_dim(d, rank);
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  if (rank == 0) dims.clear();
+  return dims;
+}
+
+Operand Emitter::operand_of_input(const Value* v) {
+  const c10::TypePtr& type = v->type();
+  if (const auto tensor = type->cast<c10::TensorType>()) {
+    const auto sizes = tensor->sizes().concrete_sizes();
+    if (!sizes || !tensor->scalarType())
+      throw std::invalid_argument("graph input %" + v->debugName() + " has type " + type->repr_str() +
+                                  ": the emitter needs concrete sizes and a scalar type");
+    return {"", *sizes, *tensor->scalarType(), sizes->empty() ? Tier::zero_dim : Tier::dimensioned, std::nullopt};
+  }
+  switch (type->kind()) {
+    case c10::TypeKind::IntType: return {"", {}, c10::kLong, Tier::number, std::nullopt};
+    case c10::TypeKind::FloatType: return {"", {}, c10::kDouble, Tier::number, std::nullopt};
+    case c10::TypeKind::BoolType: return {"", {}, c10::kBool, Tier::number, std::nullopt};
+    default:
+      throw std::invalid_argument("graph input %" + v->debugName() + " has type " + type->repr_str() +
+                                  ": the emitter takes tensors, ints, floats and bools");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void Emitter::elementwise(const Node* n, const std::string& name) {
+  set(n, 0, binary(name, in(n, 0), in(n, 1), out_dtype(n)));
+}
+
+void Emitter::add_or_sub(const Node* n, const std::string& name) {
+  const c10::ScalarType t = out_dtype(n);
+  Operand other = in(n, 1);
+  if (n->inputs().size() > 2) other = scaled(as(other, t), in(n, 2));
+  set(n, 0, binary(name, in(n, 0), other, t));
+}
+
+// addcmul: self + value * t1 * t2; addcdiv: self + value * t1 / t2 (libtorch's order).
+void Emitter::addcop(const Node* n, const std::string& name) {
+  const c10::ScalarType t = out_dtype(n);
+  const Operand prod = binary(name, scaled(as(in(n, 1), t), in(n, 3)), in(n, 2), t);
+  set(n, 0, binary("stablehlo.add", in(n, 0), prod, t));
+}
+
+// beta * self + alpha * (mat1 @ mat2); self is ignored when beta is 0 (no nan from it), as in
+// libtorch.
+void Emitter::addmm(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Operand prod = scaled(dot(in(n, 1), in(n, 2), {}, 1, 0, t), in(n, 4));
+  const Operand& beta = in(n, 3);
+  if (beta.constant && beta.constant->equal(0)) {
+    set(n, 0, prod);
+    return;
+  }
+  Operand self = scaled(broadcast_to(as(in(n, 0), t), prod.dims), beta);
+  if (!beta.constant) {
+    const Operand is_zero = compare("EQ", beta, Operand{"", {}, beta.dtype, Tier::number, c10::Scalar(0)}, beta.dtype);
+    self = select(is_zero, splat(0, prod.dims, t), self);
+  }
+  set(n, 0, binary("stablehlo.add", self, prod, t));
+}
+
+void Emitter::matmul(const Node* n, bool batched) {
+  const c10::ScalarType t = out_dtype(n);
+  set(n, 0, batched ? dot(in(n, 0), in(n, 1), {0}, 2, 1, t) : dot(in(n, 0), in(n, 1), {}, 1, 0, t));
+}
+
+// sum(self, dim, keepdim, dtype), sum(self, dtype), mean(...) alike: reduced in the output's
+// dtype; mean divides the sum by the number of elements reduced.
+void Emitter::sum_or_mean(const Node* n, bool mean) {
+  const c10::ScalarType t = out_dtype(n);
+  const Operand x = as(in(n, 0), t);
+  Dims dims;
+  if (n->inputs().size() > 2) {
+    dims = reduced_dims(n, 1, x.dims.size());
+  } else {
+    for (size_t d = 0; d < x.dims.size(); ++d) dims.push_back(static_cast<int64_t>(d));
+  }
+  int64_t count = 1;
+  for (int64_t d : dims) count *= x.dims[d];
+  Operand r = reduce(x, dims, "stablehlo.add", 0);
+  if (mean) r = binary("stablehlo.divide", r, Operand{"", {}, c10::kLong, Tier::number, c10::Scalar(count)}, t);
+  set(n, 0, reshape(r, out_dims(n)));
+}
+
+void Emitter::log_softmax(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Operand x = as(in(n, 0), t);
+  const Dims dims = {wrap_dim(int_arg(n, 1, "dim"), x.dims.size())};
+  if (x.dims.empty()) {
+    set(n, 0, splat(0, {}, t));
+    return;
+  }
+  const Operand max = keep_dims(reduce(x, dims, "stablehlo.maximum", -std::numeric_limits<double>::infinity()),
+                                x.dims, dims);
+  const Operand shifted = binary("stablehlo.subtract", x, max, t);
+  const Operand exp = op("stablehlo.exponential", {shifted}, x.dims, t);
+  const Operand sum = reduce(exp, dims, "stablehlo.add", 0);
+  const Operand lse = keep_dims(op("stablehlo.log", {sum}, sum.dims, t), x.dims, dims);
+  set(n, 0, binary("stablehlo.subtract", shifted, lse, t));
+}
+
+// grad - exp(output) * sum(grad, dim)
+void Emitter::log_softmax_backward(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Operand grad = as(in(n, 0), t), output = as(in(n, 1), t);
+  const Dims dims = {wrap_dim(int_arg(n, 2, "dim"), grad.dims.size())};
+  if (grad.dims.empty()) {
+    set(n, 0, grad);
+    return;
+  }
+  const Operand sum = keep_dims(reduce(grad, dims, "stablehlo.add", 0), grad.dims, dims);
+  const Operand exp = op("stablehlo.exponential", {output}, output.dims, t);
+  set(n, 0, binary("stablehlo.subtract", grad, binary("stablehlo.multiply", exp, sum, t), t));
+}
+
+void Emitter::softmax(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Operand x = as(in(n, 0), t);
+  const Dims dims = {wrap_dim(int_arg(n, 1, "dim"), x.dims.size())};
+  if (x.dims.empty()) {
+    set(n, 0, splat(1, {}, t));
+    return;
+  }
+  const Operand max = keep_dims(reduce(x, dims, "stablehlo.maximum", -std::numeric_limits<double>::infinity()),
+                                x.dims, dims);
+  const Operand exp = op("stablehlo.exponential", {binary("stablehlo.subtract", x, max, t)}, x.dims, t);
+  const Operand sum = keep_dims(reduce(exp, dims, "stablehlo.add", 0), x.dims, dims);
+  set(n, 0, binary("stablehlo.divide", exp, sum, t));
+}
+
+// output * (grad - sum(grad * output, dim))
+void Emitter::softmax_backward(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Operand grad = as(in(n, 0), t), output = as(in(n, 1), t);
+  const Dims dims = {wrap_dim(int_arg(n, 2, "dim"), grad.dims.size())};
+  if (grad.dims.empty()) {
+    set(n, 0, splat(0, {}, t));
+    return;
+  }
+  const Operand prod = binary("stablehlo.multiply", grad, output, t);
+  const Operand sum = keep_dims(reduce(prod, dims, "stablehlo.add", 0), grad.dims, dims);
+  set(n, 0, binary("stablehlo.multiply", output, binary("stablehlo.subtract", grad, sum, t), t));
+}
+
+bool Emitter::tanh_approximation(const Node* n, size_t i) {
+  const std::string approximate = constant(n, i, "approximate").toStringRef();
+  if (approximate != "none" && approximate != "tanh") throw Unsupported{"approximate '" + approximate + "'"};
+  return approximate == "tanh";
+}
+
+// libtorch's CPU formulas (GeluKernel.cpp): x * 0.5 * (1 + erf(x / sqrt(2))), or with "tanh"
+// 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))).
+void Emitter::gelu(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Operand x = as(in(n, 0), t);
+  if (tanh_approximation(n, 1)) {
+    const Operand inner = mul(add(x, mul(mul(mul(x, x), x), number(0.044715))), number(M_SQRT2 * M_2_SQRTPI * 0.5));
+    set(n, 0, mul(mul(x, number(0.5)), add(unary("stablehlo.tanh", inner), number(1))));
+    return;
+  }
+  const Operand erf = op("chlo.erf", {mul(x, number(M_SQRT1_2))}, x.dims, t);
+  set(n, 0, mul(mul(x, number(0.5)), add(erf, number(1))));
+}
+
+// grad * (cdf(x) + x * pdf(x)), and the derivative of the tanh form, as libtorch's CPU kernel.
+void Emitter::gelu_backward(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Operand grad = as(in(n, 0), t), x = as(in(n, 1), t);
+  if (tanh_approximation(n, 2)) {
+    const double beta = M_SQRT2 * M_2_SQRTPI * 0.5, kappa = 0.044715;
+    const Operand x_sq = mul(x, x);
+    const Operand inner = mul(add(x, mul(mul(x_sq, x), number(kappa))), number(beta));
+    const Operand tanh_inner = unary("stablehlo.tanh", inner);
+    const Operand left = mul(x, number(0.5));
+    const Operand right = add(tanh_inner, number(1));
+    const Operand left_derivative = mul(right, number(0.5));
+    const Operand tanh_derivative = binary("stablehlo.subtract", splat(1, {}, t), mul(tanh_inner, tanh_inner), t);
+    const Operand inner_derivative = mul(add(mul(x_sq, number(3 * kappa)), number(1)), number(beta));
+    const Operand right_derivative = mul(left, mul(tanh_derivative, inner_derivative));
+    set(n, 0, mul(grad, add(left_derivative, right_derivative)));
+    return;
+  }
+  const Operand cdf = mul(add(op("chlo.erf", {mul(x, number(M_SQRT1_2))}, x.dims, t), number(1)), number(0.5));
+  const Operand pdf =
+      mul(unary("stablehlo.exponential", mul(mul(x, x), number(-0.5))), number(M_2_SQRTPI * M_SQRT1_2 * 0.5));
+  set(n, 0, mul(grad, add(cdf, mul(x, pdf))));
+}
+
+// (input, normalized_shape, weight?, bias?, eps) -> (output, mean, rstd), the statistics over
+// the last len(normalized_shape) dims, kept as dims of size 1.
+void Emitter::native_layer_norm(const Node* n) {
+  const c10::ScalarType t = out_dtype(n, 0);
+  const Operand x = as(in(n, 0), t);
+  const size_t k = ints_arg(n, 1, "normalized_shape").size();
+  if (k > x.dims.size()) throw std::invalid_argument("normalized_shape longer than the input's dims");
+  Dims dims;
+  int64_t count = 1;
+  for (size_t d = x.dims.size() - k; d < x.dims.size(); ++d) {
+    dims.push_back(static_cast<int64_t>(d));
+    count *= x.dims[d];
+  }
+  const Operand mean = binary("stablehlo.divide", reduce(x, dims, "stablehlo.add", 0), number(count), t);
+  const Operand centered = binary("stablehlo.subtract", x, keep_dims(mean, x.dims, dims), t);
+  const Operand var = binary("stablehlo.divide", reduce(mul(centered, centered), dims, "stablehlo.add", 0),
+                             number(count), t);
+  const Operand rstd = unary("stablehlo.rsqrt", add(var, as(in(n, 4), t)));
+  Operand out = mul(centered, keep_dims(rstd, x.dims, dims));
+  if (!none_arg(n, 2)) out = mul(out, as(in(n, 2), t));
+  if (!none_arg(n, 3)) out = add(out, as(in(n, 3), t));
+  set(n, 0, out);
+  set(n, 1, reshape(as(mean, out_dtype(n, 1)), out_dims(n, 1)));
+  set(n, 2, reshape(as(rstd, out_dtype(n, 2)), out_dims(n, 2)));
+}
+
+// weight [V, D] indexed by int indices of any shape: rows gathered, [*indices, D]. padding_idx
+// and scale_grad_by_freq only change the backward.
+void Emitter::embedding(const Node* n) {
+  const Operand weight = materialized(in(n, 0));
+  if (weight.dims.size() != 2) throw Unsupported{"weight of " + std::to_string(weight.dims.size()) + " dimensions"};
+  const Operand indices = materialized(in(n, 1));
+  const int64_t rank = static_cast<int64_t>(indices.dims.size());
+  const std::string numbers = "dimension_numbers = #stablehlo.gather<offset_dims = [" + std::to_string(rank) +
+                              "], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = " +
+                              std::to_string(rank) + ">, slice_sizes = " + i64_array({1, weight.dims[1]}) +
+                              ", indices_are_sorted = false";
+  Dims dims = indices.dims;
+  dims.push_back(weight.dims[1]);
+  set(n, 0, op("stablehlo.gather", {weight, indices}, dims, weight.dtype, numbers));
+}
+
+// (grad_output [*indices, D], indices, num_weights, padding_idx, scale_grad_by_freq) ->
+// [num_weights, D]: each grad row added into its index's row (a scatter-add); rows whose index is
+// padding_idx add nothing.
+void Emitter::embedding_dense_backward(const Node* n) {
+  if (bool_arg(n, 4, "scale_grad_by_freq")) throw Unsupported{"scale_grad_by_freq"};
+  const c10::ScalarType t = out_dtype(n);
+  const Dims dims = out_dims(n);
+  const Operand& indices_in = in(n, 1);
+  int64_t k = 1;
+  for (int64_t d : indices_in.dims) k *= d;
+  const Operand indices = reshape(materialized(indices_in), {k});
+  const Operand grad = reshape(as(in(n, 0), t), {k, dims.at(1)});
+  const Operand padding = compare("EQ", indices, in(n, 3), indices.dtype);
+  const Operand rows = select(op("stablehlo.broadcast_in_dim", {padding}, grad.dims, c10::kBool,
+                                 "broadcast_dimensions = array<i64: 0>"),
+                              splat(0, grad.dims, t), grad);
+  const std::string numbers =
+      "scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], "
+      "scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false";
+  set(n, 0, op("stablehlo.scatter", {splat(0, dims, t), indices, rows}, dims, t, numbers, combiner("stablehlo.add", t)));
+}
+
+// (grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask) ->
+// (grad_input, grad_weight, grad_bias), libtorch's closed form with x_hat = (x - mean) * rstd and
+// g = grad_out * weight: grad_input = rstd * (g - mean(g) - x_hat * mean(g * x_hat)) over the
+// normalized dims; grad_weight = sum(grad_out * x_hat), grad_bias = sum(grad_out) over the others.
+// An output the mask (or a missing weight or bias) leaves undefined must be unused.
+void Emitter::native_layer_norm_backward(const Node* n) {
+  const c10::ScalarType t = out_dtype(n, 0);
+  const Operand grad = as(in(n, 0), t), x = as(in(n, 1), t);
+  const size_t k = ints_arg(n, 2, "normalized_shape").size();
+  const std::vector<bool> mask = constant(n, 7, "output_mask").toBoolList().vec();
+  if (k > x.dims.size() || mask.size() != 3) throw std::invalid_argument("bad native_layer_norm_backward arguments");
+  Dims inner, outer;
+  int64_t count = 1;
+  for (size_t d = 0; d < x.dims.size(); ++d) {
+    if (d + k >= x.dims.size()) {
+      inner.push_back(static_cast<int64_t>(d));
+      count *= x.dims[d];
+    } else {
+      outer.push_back(static_cast<int64_t>(d));
+    }
+  }
+  const Operand rstd = as(in(n, 4), t);
+  const Operand x_hat = mul(binary("stablehlo.subtract", x, as(in(n, 3), t), t), rstd);
+  const bool has_weight = !none_arg(n, 5), has_bias = !none_arg(n, 6);
+  for (size_t i = 0; i < 3; ++i) {
+    const bool defined = mask[i] && (i != 1 || has_weight) && (i != 2 || has_bias);
+    if (!defined && used(n->output(i))) throw Unsupported{"a use of undefined output " + std::to_string(i)};
+  }
+  if (mask[0]) {
+    const Operand g = has_weight ? mul(grad, as(in(n, 5), t)) : grad;
+    auto inner_mean = [&](const Operand& v) {
+      return keep_dims(binary("stablehlo.divide", reduce(v, inner, "stablehlo.add", 0), number(count), t), x.dims,
+                       inner);
+    };
+    const Operand centered = binary("stablehlo.subtract", g, inner_mean(g), t);
+    const Operand correction = mul(x_hat, inner_mean(mul(g, x_hat)));
+    set(n, 0, mul(rstd, binary("stablehlo.subtract", centered, correction, t)));
+  }
+  if (mask[1] && has_weight) set(n, 1, as(reduce(mul(grad, x_hat), outer, "stablehlo.add", 0), out_dtype(n, 1)));
+  if (mask[2] && has_bias) set(n, 2, as(reduce(grad, outer, "stablehlo.add", 0), out_dtype(n, 2)));
+}
+
+Dims Emitter::spatial_arg(const Node* n, size_t i, const char* what, size_t spatial, const Dims& if_empty) {
+  Dims v = ints_arg(n, i, what);
+  if (v.empty()) v = if_empty;
+  if (v.size() == 1) v.assign(spatial, v[0]);
+  if (v.size() != spatial) throw std::invalid_argument(std::string(what) + " of another length than the spatial dims");
+  return v;
+}
+
+Operand Emitter::conv(const Operand& lhs, const Operand& rhs, const std::string& layout, const Dims& dims,
+                      const Dims& strides, const std::vector<std::pair<int64_t, int64_t>>& padding,
+                      const Dims& lhs_dilation, const Dims& rhs_dilation, int64_t feature_groups) {
+  std::string pad = "dense<[";
+  for (size_t i = 0; i < padding.size(); ++i)
+    pad += (i ? ", [" : "[") + std::to_string(padding[i].first) + ", " + std::to_string(padding[i].second) + "]";
+  pad += "]> : tensor<" + std::to_string(padding.size()) + "x2xi64>";
+  return op("stablehlo.convolution", {lhs, rhs}, dims, lhs.dtype,
+            "batch_group_count = 1 : i64, dimension_numbers = #stablehlo.conv<" + layout +
+                ">, feature_group_count = " + std::to_string(feature_groups) + " : i64, lhs_dilation = " +
+                i64_array(lhs_dilation) + ", padding = " + pad + ", rhs_dilation = " + i64_array(rhs_dilation) +
+                ", window_strides = " + i64_array(strides));
+}
+
+// "[b, f, 0, 1]"-style layouts: `first`, `second`, then the spatial dims.
+std::string conv_layout(const char* first, const char* second, size_t spatial) {
+  std::string s = std::string("[") + first + ", " + second;
+  for (size_t i = 0; i < spatial; ++i) s += ", " + std::to_string(i);
+  return s + "]";
+}
+
+// (input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
+void Emitter::convolution(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Operand x = as(in(n, 0), t), w = as(in(n, 1), t);
+  const size_t spatial = x.dims.size() - 2;
+  if (bool_arg(n, 6, "transposed")) throw Unsupported{"transposed"};
+  const Dims stride = spatial_arg(n, 3, "stride", spatial, {1}), padding = spatial_arg(n, 4, "padding", spatial, {0}),
+             dilation = spatial_arg(n, 5, "dilation", spatial, {1});
+  std::vector<std::pair<int64_t, int64_t>> pads;
+  for (int64_t p : padding) pads.emplace_back(p, p);
+  const std::string layout = conv_layout("b", "f", spatial) + "x" + conv_layout("o", "i", spatial) + "->" +
+                             conv_layout("b", "f", spatial);
+  Operand out = conv(x, w, layout, out_dims(n), stride, pads, Dims(spatial, 1), dilation, int_arg(n, 8, "groups"));
+  if (!none_arg(n, 2))
+    out = add(out, op("stablehlo.broadcast_in_dim", {as(in(n, 2), t)}, out.dims, t, "broadcast_dimensions = array<i64: 1>"));
+  set(n, 0, out);
+}
+
+// (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+// groups, output_mask) -> (grad_input, grad_weight, grad_bias), as JAX differentiates a
+// convolution: grad_input is grad_output dilated by the stride, convolved with the kernel
+// reversed in space and its feature dims swapped; grad_weight convolves the input with
+// grad_output over the batch (batch and features exchanged); grad_bias sums grad_output over all
+// but its features. Outputs the mask leaves undefined must be unused.
+void Emitter::convolution_backward(const Node* n) {
+  const c10::ScalarType t = out_dtype(n, 1);
+  const Operand grad = as(in(n, 0), t), x = as(in(n, 1), t), w = as(in(n, 2), t);
+  const size_t spatial = x.dims.size() - 2;
+  if (bool_arg(n, 7, "transposed")) throw Unsupported{"transposed"};
+  if (int_arg(n, 9, "groups") != 1) throw Unsupported{"groups " + std::to_string(int_arg(n, 9, "groups"))};
+  const Dims stride = spatial_arg(n, 4, "stride", spatial, {1}), padding = spatial_arg(n, 5, "padding", spatial, {0}),
+             dilation = spatial_arg(n, 6, "dilation", spatial, {1});
+  const std::vector<bool> mask = constant(n, 10, "output_mask").toBoolList().vec();
+  for (size_t i = 0; i < 3; ++i)
+    if (!mask.at(i) && used(n->output(i))) throw Unsupported{"a use of undefined output " + std::to_string(i)};
+  Dims spatial_dims;
+  for (size_t i = 0; i < spatial; ++i) spatial_dims.push_back(static_cast<int64_t>(i + 2));
+  if (mask[0]) {
+    std::vector<std::pair<int64_t, int64_t>> pads;
+    for (size_t i = 0; i < spatial; ++i) {
+      const int64_t extent = dilation[i] * (w.dims[i + 2] - 1);
+      const int64_t lo = extent - padding[i];
+      const int64_t hi = x.dims[i + 2] - 1 - (grad.dims[i + 2] - 1) * stride[i] - lo + extent;
+      pads.emplace_back(lo, hi);
+    }
+    const Operand flipped = op("stablehlo.reverse", {w}, w.dims, t, "dimensions = " + i64_array(spatial_dims));
+    const std::string layout = conv_layout("b", "f", spatial) + "x" + conv_layout("i", "o", spatial) + "->" +
+                               conv_layout("b", "f", spatial);
+    set(n, 0, conv(grad, flipped, layout, x.dims, Dims(spatial, 1), pads, stride, dilation, 1));
+  }
+  if (mask[1]) {
+    std::vector<std::pair<int64_t, int64_t>> pads;
+    for (size_t i = 0; i < spatial; ++i) {
+      const int64_t hi = (w.dims[i + 2] - 1) * dilation[i] + (grad.dims[i + 2] - 1) * stride[i] + 1 - x.dims[i + 2] -
+                         padding[i];
+      pads.emplace_back(padding[i], hi);
+    }
+    const std::string layout = conv_layout("f", "b", spatial) + "x" + conv_layout("i", "o", spatial) + "->" +
+                               conv_layout("f", "b", spatial);
+    set(n, 1, conv(x, grad, layout, w.dims, dilation, pads, Dims(spatial, 1), stride, 1));
+  }
+  if (mask[2]) {
+    Dims dims = {0};
+    for (int64_t d : spatial_dims) dims.push_back(d);
+    set(n, 2, reshape(reduce(grad, dims, "stablehlo.add", 0), out_dims(n, 2)));
+  }
+}
+
+// (self [N, C, H, W] or [C, H, W], kernel_size, stride, padding, dilation, ceil_mode) ->
+// (output, indices): each window's maximum and the flat index (h * W + w) of its first maximum,
+// as libtorch's CPU kernel (a variadic reduce_window over the values and their indices; a tie
+// goes to the smaller index, which is the first in the window). NaN is not handled as libtorch
+// does (there a NaN always wins).
+void Emitter::max_pool2d_with_indices(const Node* n) {
+  const c10::ScalarType t = out_dtype(n, 0);
+  const Operand x = as(in(n, 0), t);
+  const size_t rank = x.dims.size();
+  if (rank != 3 && rank != 4) throw Unsupported{"input of " + std::to_string(rank) + " dimensions"};
+  const Dims kernel = spatial_arg(n, 1, "kernel_size", 2, {});
+  const Dims stride = spatial_arg(n, 2, "stride", 2, kernel), padding = spatial_arg(n, 3, "padding", 2, {0}),
+             dilation = spatial_arg(n, 4, "dilation", 2, {1});
+  if (dilation != Dims{1, 1}) throw Unsupported{"dilation " + ints(dilation)};
+  if (bool_arg(n, 5, "ceil_mode")) throw Unsupported{"ceil_mode"};
+  const int64_t w = x.dims[rank - 1];
+  const Operand rows = op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 2) + " : i64");
+  const Operand cols = op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 1) + " : i64");
+  const Operand flat = add(mul(rows, number(w)), cols);
+  Dims window(rank, 1), strides(rank, 1);
+  std::string pad = "dense<[";
+  for (size_t i = 0; i < rank; ++i) {
+    const int64_t p = i + 2 >= rank ? padding[i + 2 - rank] : 0;
+    if (i + 2 >= rank) {
+      window[i] = kernel[i + 2 - rank];
+      strides[i] = stride[i + 2 - rank];
+    }
+    pad += (i ? ", [" : "[") + std::to_string(p) + ", " + std::to_string(p) + "]";
+  }
+  pad += "]> : tensor<" + std::to_string(rank) + "x2xi64>";
+  const std::string v = mlir_type({}, t), l = mlir_type({}, c10::kLong);
+  const std::string a = fresh(), ai = fresh(), b = fresh(), bi = fresh(), gt = fresh(), eq = fresh(), lt = fresh(),
+                    tie = fresh(), pick = fresh(), rv = fresh(), ri = fresh();
+  auto cmp = [&](const std::string& r, const std::string& x0, const std::string& x1, const std::string& ty,
+                 const char* dir) {
+    return "      " + r + " = \"stablehlo.compare\"(" + x0 + ", " + x1 +
+           ") {comparison_direction = #stablehlo<comparison_direction " + dir + ">} : (" + ty + ", " + ty +
+           ") -> tensor<i1>\n";
+  };
+  const std::string region =
+      "{\n    ^bb0(" + a + ": " + v + ", " + ai + ": " + l + ", " + b + ": " + v + ", " + bi + ": " + l + "):\n" +
+      cmp(gt, a, b, v, "GT") + cmp(eq, a, b, v, "EQ") + cmp(lt, ai, bi, l, "LT") + "      " + tie +
+      " = \"stablehlo.and\"(" + eq + ", " + lt + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n      " + pick +
+      " = \"stablehlo.or\"(" + gt + ", " + tie + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n      " + rv +
+      " = \"stablehlo.select\"(" + pick + ", " + a + ", " + b + ") : (tensor<i1>, " + v + ", " + v + ") -> " + v +
+      "\n      " + ri + " = \"stablehlo.select\"(" + pick + ", " + ai + ", " + bi + ") : (tensor<i1>, " + l + ", " + l +
+      ") -> " + l + "\n      \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + v + ", " + l + ") -> ()\n    }";
+  const Dims dims = out_dims(n, 0);
+  const std::vector<Operand> outs =
+      op_n("stablehlo.reduce_window",
+           {x, flat, splat(-std::numeric_limits<double>::infinity(), {}, t), splat(-1, {}, c10::kLong)},
+           {{dims, t}, {dims, c10::kLong}},
+           "padding = " + pad + ", window_dimensions = " + i64_array(window) + ", window_strides = " + i64_array(strides),
+           region);
+  set(n, 0, outs[0]);
+  set(n, 1, outs[1]);
+}
+
+// (grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices) -> grad_input:
+// each grad_output element added at the position the forward's indices name in its plane (a
+// scatter-add over the flattened input).
+void Emitter::max_pool2d_with_indices_backward(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Dims dims = out_dims(n);
+  const Operand grad = as(in(n, 0), t);
+  const Operand indices = as(in(n, 7), c10::kLong);
+  const size_t rank = dims.size();
+  if (rank != 3 && rank != 4) throw Unsupported{"input of " + std::to_string(rank) + " dimensions"};
+  const int64_t plane = dims[rank - 1] * dims[rank - 2];
+  int64_t total = 1, k = 1;
+  for (int64_t d : dims) total *= d;
+  for (int64_t d : grad.dims) k *= d;
+  // The plane of each grad_output element: its flat index over the leading dims.
+  Operand plane_index = splat(0, grad.dims, c10::kLong);
+  for (size_t i = 0; i + 2 < rank; ++i) {
+    int64_t stride = 1;
+    for (size_t j = i + 1; j + 2 < rank; ++j) stride *= grad.dims[j];
+    const Operand iota = op("stablehlo.iota", {}, grad.dims, c10::kLong, "iota_dimension = " + std::to_string(i) + " : i64");
+    plane_index = add(plane_index, mul(iota, number(stride)));
+  }
+  const Operand where = reshape(add(mul(plane_index, number(plane)), indices), {k});
+  const std::string numbers =
+      "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], "
+      "index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false";
+  const Operand flat = op("stablehlo.scatter", {splat(0, {total}, t), where, reshape(grad, {k})}, {total}, t, numbers,
+                          combiner("stablehlo.add", t));
+  set(n, 0, reshape(flat, dims));
+}
+
+std::pair<Operand, Operand> Emitter::nll_mask_and_weights(const Node* n, const Operand& self2d,
+                                                          const Operand& target1d, size_t weight_input,
+                                                          int64_t ignore_index) {
+  const c10::ScalarType t = self2d.dtype;
+  const Dims& nc = self2d.dims;
+  const Operand classes = op("stablehlo.iota", {}, nc, c10::kLong, "iota_dimension = 1 : i64");
+  const Operand target = as(target1d, c10::kLong);
+  const Operand kept = compare("NE", target, Operand{"", {}, c10::kLong, Tier::number, c10::Scalar(ignore_index)},
+                               c10::kLong);
+  const Operand hit = compare("EQ", classes, op("stablehlo.broadcast_in_dim", {target}, nc, c10::kLong,
+                                                "broadcast_dimensions = array<i64: 0>"),
+                              c10::kLong);
+  const Operand mask = op("stablehlo.and", {hit, op("stablehlo.broadcast_in_dim", {kept}, nc, c10::kBool,
+                                                       "broadcast_dimensions = array<i64: 0>")},
+                          nc, c10::kBool);
+  Operand weights;  // [N]
+  if (none_arg(n, weight_input)) {
+    weights = select(kept, splat(1, kept.dims, t), splat(0, kept.dims, t));
+  } else {
+    const Operand w = broadcast_to(as(in(n, weight_input), t), nc);
+    weights = reduce(select(mask, w, splat(0, nc, t)), {1}, "stablehlo.add", 0);
+  }
+  return {mask, weights};
+}
+
+// (self [N, C] or [C], target [N] or [], weight, reduction, ignore_index) -> (output, total_weight)
+void Emitter::nll_loss_forward(const Node* n) {
+  const c10::ScalarType t = out_dtype(n, 0);
+  const Operand& self_in = in(n, 0);
+  if (self_in.dims.size() != 1 && self_in.dims.size() != 2)
+    throw Unsupported{"input of " + std::to_string(self_in.dims.size()) + " dimensions"};
+  const int64_t reduction = int_arg(n, 3, "reduction"), ignore_index = int_arg(n, 4, "ignore_index");
+  const int64_t rows = self_in.dims.size() == 2 ? self_in.dims[0] : 1, c = self_in.dims.back();
+  const Operand self = reshape(as(self_in, t), {rows, c});
+  const Operand target = reshape(in(n, 1), {rows});
+  const auto [mask, weights] = nll_mask_and_weights(n, self, target, 2, ignore_index);
+  const Operand picked = reduce(select(mask, self, splat(0, {rows, c}, t)), {1}, "stablehlo.add", 0);
+  const Operand losses = op("stablehlo.negate", {binary("stablehlo.multiply", picked, weights, t)}, {rows}, t);
+  const Operand total_weight = reduce(weights, {0}, "stablehlo.add", 0);
+  if (reduction == 0) {  // none
+    set(n, 0, reshape(losses, out_dims(n, 0)));
+    set(n, 1, splat(0, {}, out_dtype(n, 1)));
+  } else if (reduction == 1 || reduction == 2) {  // mean, sum
+    Operand loss = reduce(losses, {0}, "stablehlo.add", 0);
+    if (reduction == 1) loss = binary("stablehlo.divide", loss, total_weight, t);
+    set(n, 0, loss);
+    set(n, 1, as(total_weight, out_dtype(n, 1)));
+  } else {
+    throw Unsupported{"reduction " + std::to_string(reduction)};
+  }
+}
+
+// (grad_output, self, target, weight, reduction, ignore_index, total_weight) -> grad_input:
+// -weight[target] * grad (divided by total_weight for mean) at each row's target, 0 elsewhere.
+void Emitter::nll_loss_backward(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Dims dims = out_dims(n);
+  if (dims.size() != 1 && dims.size() != 2) throw Unsupported{"input of " + std::to_string(dims.size()) + " dimensions"};
+  const int64_t reduction = int_arg(n, 4, "reduction"), ignore_index = int_arg(n, 5, "ignore_index");
+  const int64_t rows = dims.size() == 2 ? dims[0] : 1, c = dims.back();
+  const Dims nc = {rows, c};
+  const Operand target = reshape(in(n, 2), {rows});
+  const auto [mask, weights] = nll_mask_and_weights(n, Operand{"", nc, t, Tier::dimensioned, std::nullopt}, target, 3,
+                                                    ignore_index);
+  Operand grad = as(in(n, 0), t);
+  if (reduction == 0) {
+    grad = reshape(grad, {rows});
+  } else if (reduction == 1) {
+    grad = binary("stablehlo.divide", grad, in(n, 6), t);
+  } else if (reduction != 2) {
+    throw Unsupported{"reduction " + std::to_string(reduction)};
+  }
+  const Operand row = op("stablehlo.negate", {binary("stablehlo.multiply", weights, grad, t)}, {rows}, t);
+  const Operand spread = op("stablehlo.broadcast_in_dim", {row}, nc, t, "broadcast_dimensions = array<i64: 0>");
+  set(n, 0, reshape(select(mask, spread, splat(0, nc, t)), dims));
+}
+
+const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
+  static const std::unordered_map<std::string, Lowering> table = {
+      {"aten::add", [](Emitter& e, const Node* n) { e.add_or_sub(n, "stablehlo.add"); }},
+      {"aten::sub", [](Emitter& e, const Node* n) { e.add_or_sub(n, "stablehlo.subtract"); }},
+      {"aten::mul", [](Emitter& e, const Node* n) { e.elementwise(n, "stablehlo.multiply"); }},
+      {"aten::div",
+       [](Emitter& e, const Node* n) {
+         if (n->inputs().size() > 2 && !none_arg(n, 2))
+           throw Unsupported{"rounding_mode '" + constant(n, 2, "rounding_mode").toStringRef() + "'"};
+         e.elementwise(n, "stablehlo.divide");
+       }},
+      {"aten::sqrt", [](Emitter& e, const Node* n) { e.set(n, 0, e.unary("stablehlo.sqrt", e.as(e.in(n, 0), out_dtype(n)))); }},
+      {"aten::relu", [](Emitter& e, const Node* n) { e.set(n, 0, e.binary("stablehlo.maximum", e.in(n, 0), number(0), out_dtype(n))); }},
+      {"aten::addcmul", [](Emitter& e, const Node* n) { e.addcop(n, "stablehlo.multiply"); }},
+      {"aten::addcdiv", [](Emitter& e, const Node* n) { e.addcop(n, "stablehlo.divide"); }},
+      {"aten::zero", [](Emitter& e, const Node* n) { e.set(n, 0, e.splat(0, out_dims(n), out_dtype(n))); }},
+      {"aten::zeros_like", [](Emitter& e, const Node* n) { e.set(n, 0, e.splat(0, out_dims(n), out_dtype(n))); }},
+      {"aten::detach_copy", [](Emitter& e, const Node* n) { e.set(n, 0, e.broadcast_to(e.in(n, 0), out_dims(n))); }},
+      {"aten::_to_copy", [](Emitter& e, const Node* n) { e.set(n, 0, e.broadcast_to(e.as(e.in(n, 0), out_dtype(n)), out_dims(n))); }},
+      {"aten::view_copy", [](Emitter& e, const Node* n) { e.set(n, 0, e.reshape(e.materialized(e.in(n, 0)), out_dims(n))); }},
+      {"aten::expand_copy", [](Emitter& e, const Node* n) { e.set(n, 0, e.broadcast_to(e.in(n, 0), out_dims(n))); }},
+      {"aten::t_copy",
+       [](Emitter& e, const Node* n) {
+         const Operand x = e.materialized(e.in(n, 0));
+         e.set(n, 0, x.dims.size() < 2 ? x : e.op("stablehlo.transpose", {x}, {x.dims[1], x.dims[0]}, x.dtype,
+                                                  "permutation = array<i64: 1, 0>"));
+       }},
+      {"aten::transpose_copy",
+       [](Emitter& e, const Node* n) {
+         const Operand x = e.materialized(e.in(n, 0));
+         const int64_t a = wrap_dim(int_arg(n, 1, "dim0"), x.dims.size()), b = wrap_dim(int_arg(n, 2, "dim1"), x.dims.size());
+         if (x.dims.size() < 2 || a == b) {
+           e.set(n, 0, x);
+           return;
+         }
+         Dims perm(x.dims.size()), dims = x.dims;
+         for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+         std::swap(perm[a], perm[b]);
+         std::swap(dims[a], dims[b]);
+         e.set(n, 0, e.op("stablehlo.transpose", {x}, dims, x.dtype, "permutation = " + i64_array(perm)));
+       }},
+      {"aten::mm", [](Emitter& e, const Node* n) { e.matmul(n, false); }},
+      {"aten::bmm", [](Emitter& e, const Node* n) { e.matmul(n, true); }},
+      {"aten::addmm", [](Emitter& e, const Node* n) { e.addmm(n); }},
+      {"aten::sum", [](Emitter& e, const Node* n) { e.sum_or_mean(n, false); }},
+      {"aten::mean", [](Emitter& e, const Node* n) { e.sum_or_mean(n, true); }},
+      {"aten::eq", [](Emitter& e, const Node* n) {
+         e.set(n, 0, e.compare("EQ", e.in(n, 0), e.in(n, 1), result_type({&e.in(n, 0), &e.in(n, 1)})));
+       }},
+      {"aten::threshold_backward",
+       [](Emitter& e, const Node* n) {
+         // self <= threshold ? 0 : grad
+         const c10::ScalarType t = out_dtype(n);
+         const Operand& self = e.in(n, 1);
+         const Operand below = e.compare("LE", self, e.in(n, 2), self.dtype);
+         e.set(n, 0, e.select(below, e.splat(0, {}, t), e.as(e.in(n, 0), t)));
+       }},
+      {"aten::_log_softmax", [](Emitter& e, const Node* n) { e.log_softmax(n); }},
+      {"aten::_log_softmax_backward_data", [](Emitter& e, const Node* n) { e.log_softmax_backward(n); }},
+      {"aten::_softmax", [](Emitter& e, const Node* n) { e.softmax(n); }},
+      {"aten::_softmax_backward_data", [](Emitter& e, const Node* n) { e.softmax_backward(n); }},
+      {"aten::nll_loss_forward", [](Emitter& e, const Node* n) { e.nll_loss_forward(n); }},
+      {"aten::gelu", [](Emitter& e, const Node* n) { e.gelu(n); }},
+      {"aten::gelu_backward", [](Emitter& e, const Node* n) { e.gelu_backward(n); }},
+      {"aten::native_layer_norm", [](Emitter& e, const Node* n) { e.native_layer_norm(n); }},
+      {"aten::embedding", [](Emitter& e, const Node* n) { e.embedding(n); }},
+      {"aten::convolution", [](Emitter& e, const Node* n) { e.convolution(n); }},
+      {"aten::convolution_backward", [](Emitter& e, const Node* n) { e.convolution_backward(n); }},
+      {"aten::max_pool2d_with_indices", [](Emitter& e, const Node* n) { e.max_pool2d_with_indices(n); }},
+      {"aten::max_pool2d_with_indices_backward",
+       [](Emitter& e, const Node* n) { e.max_pool2d_with_indices_backward(n); }},
+      {"aten::embedding_dense_backward", [](Emitter& e, const Node* n) { e.embedding_dense_backward(n); }},
+      {"aten::native_layer_norm_backward", [](Emitter& e, const Node* n) { e.native_layer_norm_backward(n); }},
+      {"aten::nll_loss_backward", [](Emitter& e, const Node* n) { e.nll_loss_backward(n); }},
+  };
+  return table;
+}
+
+Emission Emitter::run() {
+  std::unordered_set<const Node*>& live = live_;
+  std::vector<const Value*> pending(graph_.outputs().begin(), graph_.outputs().end());
+  while (!pending.empty()) {
+    const Node* n = pending.back()->node();
+    pending.pop_back();
+    if (n == graph_.param_node() || !live.insert(n).second) continue;
+    for (const Value* v : n->inputs()) pending.push_back(v);
+  }
+
+  Emission result;
+  auto record = [&](const std::string& what) {
+    if (std::find(result.unsupported.begin(), result.unsupported.end(), what) == result.unsupported.end())
+      result.unsupported.push_back(what);
+  };
+  for (const Node* n : graph_.nodes()) {
+    if (!live.count(n) || n->kind() == c10::prim::Constant) continue;
+    if (!lowerings().count(n->kind().toQualString())) record(n->kind().toQualString());
+  }
+  if (!result.unsupported.empty()) return result;
+
+  std::ostringstream signature;
+  signature << "  func.func @main(";
+  for (size_t i = 0; i < graph_.inputs().size(); ++i) {
+    const Value* v = graph_.inputs()[i];
+    Operand x = operand_of_input(v);
+    x.ssa = "%a" + std::to_string(i);
+    try {
+      signature << (i ? ", " : "") << x.ssa << ": " << mlir_type(x.dims, x.dtype);
+    } catch (const Unsupported& u) {
+      record("graph input " + std::to_string(i) + " (" + u.what + ")");
+    }
+    values_[v] = std::move(x);
+  }
+  if (!result.unsupported.empty()) return result;
+
+  std::unordered_set<const Value*> poisoned;  // outputs of nodes that could not be lowered
+  for (const Node* n : graph_.nodes()) {
+    if (!live.count(n)) continue;
+    if (n->kind() == c10::prim::Constant) {
+      const Value* v = n->output();
+      const auto value = torch::jit::toIValue(v);
+      if (value && (value->isInt() || value->isDouble() || value->isBool())) {
+        const c10::ScalarType t = value->isInt() ? c10::kLong : value->isDouble() ? c10::kDouble : c10::kBool;
+        values_[v] = Operand{"", {}, t, Tier::number, value->toScalar()};
+      }
+      continue;
+    }
+    if (std::any_of(n->inputs().begin(), n->inputs().end(), [&](const Value* v) { return poisoned.count(v) > 0; })) {
+      for (const Value* v : n->outputs()) poisoned.insert(v);
+      continue;
+    }
+    try {
+      lowerings().at(n->kind().toQualString())(*this, n);
+    } catch (const Unsupported& u) {
+      record(std::string(n->kind().toQualString()) + " (" + u.what + ")");
+      for (const Value* v : n->outputs()) poisoned.insert(v);
+    } catch (const c10::Error& e) {
+      // A constant argument of another type than the lowering reads (an overload it does not know).
+      record(std::string(n->kind().toQualString()) + " (arguments " + e.what_without_backtrace() + ")");
+      for (const Value* v : n->outputs()) poisoned.insert(v);
+    }
+  }
+  if (!result.unsupported.empty()) return result;
+
+  std::vector<Operand> outputs;
+  for (const Value* v : graph_.outputs()) {
+    const auto it = values_.find(v);
+    if (it == values_.end())
+      throw std::invalid_argument("graph output %" + v->debugName() + " (" + v->type()->repr_str() +
+                                  ") is not a tensor or number the emitter made");
+    outputs.push_back(materialized(it->second));
+  }
+  std::ostringstream types;
+  for (size_t i = 0; i < outputs.size(); ++i) types << (i ? ", " : "") << mlir_type(outputs[i].dims, outputs[i].dtype);
+  signature << ") -> (" << types.str() << ") {\n";
+
+  std::ostringstream module;
+  module << "module {\n" << signature.str() << body_.str() << "    \"func.return\"(";
+  for (size_t i = 0; i < outputs.size(); ++i) module << (i ? ", " : "") << outputs[i].ssa;
+  module << ") : (" << types.str() << ") -> ()\n  }\n}\n";
+  result.module = module.str();
+  return result;
+}
+
+}  // namespace
+
+Emission emit_stablehlo(const torch::jit::Graph& graph) { return Emitter(graph).run(); }
+
+}  // namespace fulgur::xla::stablehlo

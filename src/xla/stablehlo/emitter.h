@@ -1,0 +1,56 @@
+#pragma once
+// StableHLO text from a typed TorchScript graph: the graphs libtorch's lazy TorchScript lowering
+// makes (plain aten ops, attributes as prim::Constant inputs in schema order), turned into a
+// program the PJRT runtime (xla/pjrt/client.h) compiles with format "mlir".
+//
+// The graph must be typed: every graph input and every output of a live node carries a
+// TensorType with concrete sizes and a scalar type, or is an int, float or bool (a 0-d number).
+// Each op follows PyTorch's semantics: the result has the output's declared dtype and every
+// operand is converted to it (0-d tensors and numbers included, as libtorch's CPU kernels
+// convert a scalar operand to the op's type); comparisons compare in the promoted type of their
+// operands (torch.result_type's rules: dimensioned tensors, then 0-d tensors, then numbers);
+// operands broadcast as in NumPy; `alpha` and `beta` scale as in add, sub and addmm.
+//
+// Only nodes that the graph's outputs depend on are lowered: dead constants and the
+// prim::TupleConstruct nodes of the lazy lowering are ignored.
+//
+// Ops are written in MLIR's generic form ("stablehlo.add"(%a, %b) : (...) -> ...), which changes
+// least across StableHLO versions; the text is tested against the pinned CPU plugin
+// (StableHLO 1.13.3) only.
+//
+// Thread safety: a pure function of the graph; the graph is only read.
+//
+// Example:
+//   auto graph = std::make_shared<torch::jit::Graph>();
+//   torch::jit::parseIR("graph(%a : Float(2, 3), %b : Float(3)):\n"
+//                       "  %c : Float(2, 3) = aten::mul(%a, %b)\n  return (%c)\n", graph.get());
+//   Emission e = emit_stablehlo(*graph);
+//   if (e.unsupported.empty()) client.compile(e.module);
+
+#include <string>
+#include <vector>
+
+namespace torch::jit {
+struct Graph;
+}
+
+namespace fulgur::xla::stablehlo {
+
+struct Emission {
+  // A module with one function @main whose parameters are the graph's inputs in order (an int
+  // input is a tensor<i64>, a float one a tensor<f64>, a bool one a tensor<i1>) and whose
+  // results are the graph's outputs in order. Empty if `unsupported` is not.
+  std::string module;
+  // What the emitter cannot lower, in graph order, each entry once: the kind of each live node
+  // it does not know ("aten::convolution_backward"), or a known kind with the argument it does
+  // not handle ("aten::div (rounding_mode 'floor')"). The caller falls back to another backend
+  // for the graph.
+  std::vector<std::string> unsupported;
+};
+
+// REQUIRES: `graph` is typed as above. Throws std::invalid_argument naming the value for a
+// graph that is not (a live value without a concrete type, an output that is not a tensor or
+// number).
+Emission emit_stablehlo(const torch::jit::Graph& graph);
+
+}  // namespace fulgur::xla::stablehlo
