@@ -26,7 +26,7 @@ std::unique_ptr<Backend>& instance() {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_lazy_backend();  // lazy_backend.cpp
+std::unique_ptr<Backend> make_lazy_backend(bool pjrt);  // lazy_backend.cpp
 
 std::string Backend::metrics_report() const {
   const Metrics m = metrics();
@@ -48,6 +48,23 @@ std::string Backend::metrics_report() const {
     first = false;
   }
   o << "\n";
+  if (name() == "pjrt") {
+    o << "  xla graphs compiled: " << m.xla_graphs_compiled << "\n";
+    std::snprintf(buf, sizeof buf, "%.3f", m.xla_compile_seconds);
+    o << "  xla compile seconds: " << buf << "  (StableHLO emission and PJRT compile)\n";
+    o << "  xla executions:      " << m.xla_executions << "\n";
+    o << "  bytes to device:     " << m.bytes_to_device << "\n";
+    o << "  bytes to host:       " << m.bytes_to_host << "\n";
+    o << "  graphs kept on TorchScript, by op: ";
+    if (m.xla_fallbacks.empty()) o << "none";
+    bool f = true;
+    for (const auto& [op, n] : m.xla_fallbacks) {
+      o << (f ? "" : ", ") << op << "=" << n;
+      f = false;
+    }
+    o << "\n";
+    o << "  runs of those graphs on TorchScript: " << m.ts_fallback_executions << "\n";
+  }
   if (m.eager_fallbacks.count("aten::_local_scalar_dense")) {
     o << "    (aten::_local_scalar_dense is item(); the others ran on the CPU outside the graph)\n";
   }
@@ -60,13 +77,16 @@ Backend& backend() {
   auto& b = instance();
   if (!b) {
     const char* env = std::getenv("FULGUR_XLA_BACKEND");
-    const std::string name = env && *env ? env : "lazy";
+    const std::string name = env && *env ? env : "ts";
     if (name == "eager") {
       b = std::make_unique<EagerBackend>();
-    } else if (name == "lazy") {
-      b = make_lazy_backend();
+    } else if (name == "ts" || name == "lazy") {  // "lazy": the name before "pjrt" existed
+      b = make_lazy_backend(false);
+    } else if (name == "pjrt") {
+      b = make_lazy_backend(true);
     } else {
-      throw std::invalid_argument("FULGUR_XLA_BACKEND='" + name + "' is not a backend; valid: \"lazy\", \"eager\"");
+      throw std::invalid_argument("FULGUR_XLA_BACKEND='" + name +
+                                  "' is not a backend; valid: \"ts\" (the default), \"pjrt\", \"eager\"");
     }
   }
   return *b;

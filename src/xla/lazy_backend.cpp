@@ -9,6 +9,7 @@
 #include <fulgur/xla/backend.h>
 
 #include "runtime/log.h"
+#include "xla/pjrt_backend.h"
 
 
 #include <torch/torch.h>
@@ -116,13 +117,17 @@ std::string describe_change(const Signature& from, const Signature& to) {
 
 class LazyBackend : public Backend {
  public:
-  LazyBackend() {
-    static std::once_flag once;
-    std::call_once(once, [] { torch::lazy::InitTorchScriptBackend(); });
+  explicit LazyBackend(bool pjrt) : pjrt_(pjrt) {
+    if (pjrt) {
+      install_pjrt_lazy_backend();
+    } else {
+      static std::once_flag once;
+      std::call_once(once, [] { torch::lazy::InitTorchScriptBackend(); });
+    }
     seen_uncached_ = counter("UncachedCompile");
   }
 
-  std::string name() const override { return "lazy"; }
+  std::string name() const override { return pjrt_ ? "pjrt" : "ts"; }
   c10::Device device() const override { return c10::Device(c10::kLazy, 0); }
 
   void mark_step() override {
@@ -174,6 +179,16 @@ class LazyBackend : public Backend {
     for (const auto& [op, n] : fallback_counters()) m.eager_fallbacks[op] += n;
     m.compile_seconds = compile_seconds_;
     m.execute_seconds = execute_seconds_;
+    if (pjrt_) {
+      const PjrtBackendMetrics p = pjrt_backend_metrics();
+      m.xla_graphs_compiled = p.graphs_compiled;
+      m.xla_compile_seconds = p.compile_seconds;
+      m.xla_executions = p.executions;
+      m.bytes_to_device = p.bytes_to_device;
+      m.bytes_to_host = p.bytes_to_host;
+      m.xla_fallbacks = p.fallbacks;
+      m.ts_fallback_executions = p.fallback_executions;
+    }
     return m;
   }
 
@@ -230,6 +245,7 @@ class LazyBackend : public Backend {
     }
   }
 
+  const bool pjrt_;
   mutable std::mutex mu_;
   int64_t seen_uncached_ = 0;
   int64_t mark_steps_ = 0;
@@ -248,6 +264,6 @@ class LazyBackend : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_lazy_backend() { return std::make_unique<LazyBackend>(); }
+std::unique_ptr<Backend> make_lazy_backend(bool pjrt) { return std::make_unique<LazyBackend>(pjrt); }
 
 }  // namespace fulgur::xla

@@ -29,6 +29,18 @@ struct Metrics {
   // .to(kCPU) of a pending tensor) is not timed.
   double compile_seconds = 0.0;
   double execute_seconds = 0.0;
+  // FULGUR_XLA_BACKEND=pjrt only (zeros otherwise): graphs compiled by XLA, the time of their
+  // StableHLO emission and PJRT compile, graphs run by XLA, bytes of arguments uploaded and of
+  // results downloaded, and the graphs kept on TorchScript because of an op (or reason) the
+  // StableHLO emitter does not handle, by op kind ("aten::cos" -> 2; a graph counts once when it
+  // is compiled, not at each run), and the runs of such graphs on TorchScript.
+  int64_t xla_graphs_compiled = 0;
+  double xla_compile_seconds = 0.0;
+  int64_t xla_executions = 0;
+  int64_t bytes_to_device = 0;
+  int64_t bytes_to_host = 0;
+  std::map<std::string, int64_t> xla_fallbacks;
+  int64_t ts_fallback_executions = 0;
 };
 
 class Backend {
@@ -51,8 +63,11 @@ class Backend {
   virtual void note_inputs(const std::vector<at::Tensor>& inputs) {}
 };
 
-// The backend of this process; started on first use from FULGUR_XLA_BACKEND
-// ("lazy" by default, or "eager"). Throws std::invalid_argument for other names.
+// The backend of this process; started on first use from FULGUR_XLA_BACKEND:
+// "ts" (the default; "lazy" is accepted as its old name): torch::lazy on the
+// TorchScript backend; "pjrt": torch::lazy with graphs compiled to StableHLO
+// and run by the PJRT plugin (xla/pjrt_backend.h); "eager": plain CPU tensors.
+// Throws std::invalid_argument naming the valid ones for other names.
 Backend& backend();
 bool backend_started();
 void mark_step();
