@@ -4,6 +4,7 @@
 #include <fulgur/callbacks/early_stopping.h>
 #include <fulgur/callbacks/lr_monitor.h>
 #include <fulgur/callbacks/model_checkpoint.h>
+#include <fulgur/callbacks/prediction_writer.h>
 #include <fulgur/callbacks/progress_bar.h>
 #include <fulgur/checkpoint.h>
 #include <fulgur/data/data_loader.h>

@@ -135,7 +135,11 @@ class Trainer {
   Metrics validate(LightningModule& model, std::shared_ptr<BatchSource> loader, const std::string& ckpt_path = "");
   Metrics test(LightningModule& model, DataModule& datamodule, const std::string& ckpt_path = "");
   Metrics test(LightningModule& model, std::shared_ptr<BatchSource> loader, const std::string& ckpt_path = "");
-  // Rank 0's predictions (each rank predicts its share of the loader).
+  // Rank 0's predictions, on the CPU (each rank predicts its share of the
+  // loader). The DataModule form calls setup("predict") and
+  // predict_dataloader() in every worker. To keep every rank's predictions,
+  // add a BasePredictionWriter (callbacks/prediction_writer.h).
+  std::vector<at::Tensor> predict(LightningModule& model, DataModule& datamodule, const std::string& ckpt_path = "");
   std::vector<at::Tensor> predict(LightningModule& model, std::shared_ptr<BatchSource> loader,
                                   const std::string& ckpt_path = "");
 
