@@ -1,5 +1,7 @@
 #include "support.h"
 
+#include <fulgur/data/mnist.h>
+
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -800,3 +800,39 @@ TEST(Predict, WriterRefusesAnUnknownInterval) {
     EXPECT_NE(std::string(e.what()).find("'step'"), std::string::npos) << e.what();
   }
 }
+
+// What the GUIDE says about a strategy used without a Trainer: before launch
+// it is one process (rank queries 0 / 1, collectives return their input);
+// launcher()->launch(fn) starts the workers, and setup_environment() in each
+// joins the process group, after which the collectives span the ranks.
+TEST(Strategies, AStrategyWithoutATrainerRunsCollectivesOnceLaunched) {
+  DDPStrategy s(std::make_shared<CPUAccelerator>(), {0, 1}, nullptr, nullptr,
+                ParallelOptions{std::chrono::milliseconds(20000)});
+  EXPECT_EQ(s.world_size(), 1);
+  EXPECT_EQ(s.global_rank(), 0);
+  EXPECT_TRUE(torch::equal(s.reduce(torch::full({2}, 3.0), "sum"), torch::full({2}, 3.0)));
+  EXPECT_EQ(s.all_gather(torch::ones({2})).sizes(), (std::vector<int64_t>{2})) << "the input, unchanged";
+  EXPECT_EQ(s.broadcast(c10::IValue(int64_t{7})).toInt(), 7);
+  s.barrier("before launch");
+  EXPECT_EQ(s.collectives(), nullptr);
+  const c10::IValue result = s.launcher()->launch([&]() -> c10::IValue {
+    s.setup_environment();
+    struct Teardown {
+      ParallelStrategy& s;
+      ~Teardown() { s.teardown(); }
+    } teardown{s};
+    const double r = static_cast<double>(s.global_rank());
+    auto out = make_dict();
+    out.insert("world_size", s.world_size());
+    out.insert("sum", s.reduce(torch::full({1}, r + 1), "sum").item<double>());
+    out.insert("gathered", s.all_gather(torch::full({1}, r)));
+    out.insert("from_rank_1", s.broadcast(c10::IValue(s.global_rank() * 10), 1));
+    s.barrier("after");
+    return out;
+  });
+  auto d = c10::impl::toTypedDict<std::string, c10::IValue>(result.toGenericDict());
+  EXPECT_EQ(d.at("world_size").toInt(), 2);
+  EXPECT_DOUBLE_EQ(d.at("sum").toDouble(), 1.0 + 2.0);
+  EXPECT_TRUE(torch::equal(d.at("gathered").toTensor(), torch::tensor({{0.0f}, {1.0f}})));
+  EXPECT_EQ(d.at("from_rank_1").toInt(), 10);
+}

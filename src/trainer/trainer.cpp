@@ -869,6 +869,14 @@ c10::IValue TrainerImpl::run(Stage run_stage, LightningModule& m, StageData data
 
 // --- Trainer ---------------------------------------------------------------
 
+TrainerOptions& TrainerOptions::devices(const std::vector<int64_t>& indices) {
+  std::string spec;
+  for (int64_t i : indices) spec += std::to_string(i) + ",";
+  if (indices.size() > 1) spec.pop_back();
+  devices_ = indices.empty() ? "," : spec;
+  return *this;
+}
+
 Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<detail::TrainerImpl>(*this, std::move(options))) {}
 Trainer::~Trainer() = default;
 
