@@ -1,6 +1,7 @@
 #include "support.h"
 
 #include <fulgur/data/mnist.h>
+#include <fulgur/data/text.h>
 
 #include <gtest/gtest.h>
 
