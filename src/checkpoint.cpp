@@ -8,10 +8,19 @@
 
 namespace fulgur {
 
+namespace {
+
+// A CPU tensor that shares no storage with `t` (to(kCPU) alone returns a CPU tensor itself).
+at::Tensor cpu_copy(const at::Tensor& t) {
+  return t.device().is_cpu() ? t.detach().clone() : t.detach().to(torch::kCPU);
+}
+
+}  // namespace
+
 c10::Dict<std::string, c10::IValue> state_dict(const torch::nn::Module& module) {
   auto out = fulgur::make_dict();
-  for (const auto& p : module.named_parameters(true)) out.insert(p.key(), p.value().detach().to(torch::kCPU));
-  for (const auto& b : module.named_buffers(true)) out.insert(b.key(), b.value().detach().to(torch::kCPU));
+  for (const auto& p : module.named_parameters(true)) out.insert(p.key(), cpu_copy(p.value()));
+  for (const auto& b : module.named_buffers(true)) out.insert(b.key(), cpu_copy(b.value()));
   return out;
 }
 

@@ -1,5 +1,8 @@
 #include "support.h"
 
+#include <fulgur/data/mnist.h>
+#include <fulgur/data/text.h>
+
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -1,3 +1,4 @@
+#include "public_api.h"
 #include "support.h"
 
 #include <fulgur/strategies/ddp.h>
@@ -136,4 +137,57 @@ TEST(Options, CallbackOptions) {
   expect_invalid([] { ModelCheckpoint m(ModelCheckpointOptions().save_top_k(-2)); }, {"save_top_k=-2"});
   expect_invalid([] { EarlyStopping e(EarlyStoppingOptions("x").mode("up")); }, {"'up'"});
   expect_invalid([] { LearningRateMonitor m("hour"); }, {"'hour'"});
+}
+
+// public_api.cpp includes only <fulgur/fulgur.h>; each name it used compiled and worked.
+TEST(PublicApi, FulgurHDeclaresWhatAUserProgramNeeds) {
+  EXPECT_EQ(fulgur::testing::names_from_fulgur_h(),
+            (std::vector<std::string>{"ParallelStrategy::reduce(Tensor)", "ParallelStrategy::reduce(IValue)",
+                                      "XLAStrategy", "strategy_names", "DeviceLoader", "Collectives",
+                                      "BasePredictionWriter"}));
+}
+
+// The example data sets (MNIST, the character data set) are not part of the library's umbrella header.
+TEST(PublicApi, FulgurHLeavesOutTheExampleDataSets) {
+  const std::string header = fulgur::testing::read_file(std::string(FULGUR_SOURCE_DIR) + "/include/fulgur/fulgur.h");
+  ASSERT_FALSE(header.empty());
+  EXPECT_EQ(header.find("#include <fulgur/data/mnist.h>"), std::string::npos);
+  EXPECT_EQ(header.find("#include <fulgur/data/text.h>"), std::string::npos);
+}
+
+// Lightning's devices=[0, 1]; one index is an index, not a count.
+TEST(Options, DevicesTakeAListOfIndicesOnCpuAndXla) {
+  for (const std::string accelerator : {"cpu", "xla"}) {
+    const std::string strategy = accelerator == "cpu" ? "ddp" : "xla";
+    Trainer two(TrainerOptions().accelerator(accelerator).strategy(strategy).devices(std::vector<int64_t>{0, 1}));
+    auto* parallel = dynamic_cast<ParallelStrategy*>(&two.strategy());
+    ASSERT_NE(parallel, nullptr) << accelerator;
+    EXPECT_EQ(parallel->parallel_devices(), (std::vector<int64_t>{0, 1})) << accelerator;
+    Trainer one(TrainerOptions().accelerator(accelerator).strategy(strategy).devices(std::vector<int64_t>{1}));
+    parallel = dynamic_cast<ParallelStrategy*>(&one.strategy());
+    ASSERT_NE(parallel, nullptr) << accelerator;
+    EXPECT_EQ(parallel->parallel_devices(), (std::vector<int64_t>{1})) << accelerator;
+
+    const std::string range = "[0, ";
+    auto refused = [&](std::vector<int64_t> indices, std::vector<std::string> parts) {
+      parts.push_back(range);
+      parts.push_back("accelerator " + accelerator);
+      expect_invalid([&] { Trainer t(TrainerOptions().accelerator(accelerator).strategy(strategy).devices(indices)); },
+                     parts);
+    };
+    refused({0, 0}, {"devices='0,0'", "twice"});
+    refused({-1, 0}, {"devices='-1,0'", "index -1"});
+    refused({0, 100000}, {"devices='0,100000'", "index 100000", "does not exist"});
+    refused({}, {"names no device"});
+  }
+}
+
+// state_dict is a copy: writing into what it returns leaves the parameter alone.
+TEST(Checkpoint, StateDictOfACpuModuleIsACopy) {
+  fulgur::testing::TinyRegression m;
+  const at::Tensor before = m.fc->weight.detach().clone();
+  auto sd = state_dict(m);
+  sd.at("fc.weight").toTensor().fill_(42.0);
+  EXPECT_TRUE(torch::equal(m.fc->weight.detach(), before));
+  EXPECT_FALSE(torch::equal(sd.at("fc.weight").toTensor(), before));
 }

@@ -19,6 +19,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -717,4 +718,121 @@ TEST(Logging, LinesOfTwoRanksStayWholeAndTheLevelIsChosenByEnvironment) {
   EXPECT_EQ(count_of(quiet, "\n"), 2 * 4 * 50);
   EXPECT_EQ(count_of(stderr_of_two_worker_fit(dir.path, "debug"), "cluster environment"), 2) << "every rank's, at debug";
   EXPECT_EQ(stderr_of_two_worker_fit(dir.path, "off", {std::make_shared<Chatty>()}), "");
+}
+
+namespace {
+
+// predict_dataloader refuses to run before setup("predict").
+struct PredictData : DataModule {
+  explicit PredictData(std::shared_ptr<TensorDataset> data) : data(std::move(data)) {}
+  void setup(const std::string& stage) override { stage_seen = stage; }
+  std::shared_ptr<BatchSource> predict_dataloader() override {
+    if (stage_seen != "predict") throw std::runtime_error("predict_dataloader before setup(\"predict\"): '" + stage_seen + "'");
+    return std::make_shared<DataLoader>(data, DataLoaderOptions(3).shuffle(true).seed(4));
+  }
+  std::shared_ptr<TensorDataset> data;
+  std::string stage_seen;
+};
+
+// Saves this rank's predictions and their dataset indices to
+// <dir>/predictions_rank<R>.pt at the epoch end; counts the batch calls.
+struct RankFileWriter : BasePredictionWriter {
+  explicit RankFileWriter(std::string dir) : BasePredictionWriter("batch_and_epoch"), dir(std::move(dir)) {}
+  void write_on_batch_end(Trainer&, LightningModule&, const at::Tensor& prediction, const std::vector<int64_t>& indices,
+                          const Batch&, int64_t) override {
+    check(prediction.size(0) == static_cast<int64_t>(indices.size()), "one index per predicted sample");
+    ++batches;
+  }
+  void write_on_epoch_end(Trainer& t, LightningModule&, const std::vector<at::Tensor>& predictions,
+                          const std::vector<std::vector<int64_t>>& batch_indices) override {
+    std::vector<int64_t> flat;
+    for (const auto& b : batch_indices) flat.insert(flat.end(), b.begin(), b.end());
+    check(batches == static_cast<int64_t>(predictions.size()), "write_on_batch_end ran once per batch");
+    std::vector<torch::Tensor> out{torch::cat(predictions), torch::tensor(flat, torch::kInt64)};
+    torch::save(out, dir + "/predictions_rank" + std::to_string(t.global_rank()) + ".pt");
+  }
+  std::string dir;
+  int64_t batches = 0;
+};
+
+}  // namespace
+
+// 11 samples on 2 ddp workers: 6 each (the sampler repeats one), in batches of
+// 3. Each worker writes its own file; together they cover the data set, and
+// every prediction is the model's output for its index.
+TEST(Predict, DataModuleAndAWriterOnEveryRankCoverTheDataSetOnTwoWorkers) {
+  TempDir dir;
+  struct P : TinyRegression {
+    torch::Tensor predict_step(const Batch& b, int64_t) override { return forward(b.data); }
+  } m;
+  auto data = regression_data(11);
+  PredictData dm(data);
+  Trainer t(opts(dir.path, "cpu", "ddp", 2).callbacks({std::make_shared<RankFileWriter>(dir.path)}));
+  const auto returned = t.predict(m, dm);
+  EXPECT_EQ(returned.size(), 2u) << "rank 0's two batches come back";
+  std::set<int64_t> covered;
+  torch::NoGradGuard no_grad;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<torch::Tensor> saved;
+    torch::load(saved, dir.path + "/predictions_rank" + std::to_string(rank) + ".pt");
+    ASSERT_EQ(saved.size(), 2u);
+    const auto& preds = saved[0];
+    const auto& idx = saved[1];
+    ASSERT_EQ(idx.numel(), 6) << "rank " << rank;
+    ASSERT_EQ(preds.size(0), 6) << "rank " << rank;
+    for (int64_t i = 0; i < idx.numel(); ++i) {
+      const int64_t k = idx[i].item<int64_t>();
+      covered.insert(k);
+      EXPECT_TRUE(torch::allclose(preds[i], m.forward(data->data()[k].unsqueeze(0))[0]))
+          << "rank " << rank << " sample " << k;
+    }
+  }
+  EXPECT_EQ(covered.size(), 11u);
+  EXPECT_EQ(*covered.begin(), 0);
+  EXPECT_EQ(*covered.rbegin(), 10);
+}
+
+TEST(Predict, WriterRefusesAnUnknownInterval) {
+  try {
+    BasePredictionWriter w("step");
+    FAIL() << "write_interval 'step' was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'step'"), std::string::npos) << e.what();
+  }
+}
+
+// What the GUIDE says about a strategy used without a Trainer: before launch
+// it is one process (rank queries 0 / 1, collectives return their input);
+// launcher()->launch(fn) starts the workers, and setup_environment() in each
+// joins the process group, after which the collectives span the ranks.
+TEST(Strategies, AStrategyWithoutATrainerRunsCollectivesOnceLaunched) {
+  DDPStrategy s(std::make_shared<CPUAccelerator>(), {0, 1}, nullptr, nullptr,
+                ParallelOptions{std::chrono::milliseconds(20000)});
+  EXPECT_EQ(s.world_size(), 1);
+  EXPECT_EQ(s.global_rank(), 0);
+  EXPECT_TRUE(torch::equal(s.reduce(torch::full({2}, 3.0), "sum"), torch::full({2}, 3.0)));
+  EXPECT_EQ(s.all_gather(torch::ones({2})).sizes(), (std::vector<int64_t>{2})) << "the input, unchanged";
+  EXPECT_EQ(s.broadcast(c10::IValue(int64_t{7})).toInt(), 7);
+  s.barrier("before launch");
+  EXPECT_EQ(s.collectives(), nullptr);
+  const c10::IValue result = s.launcher()->launch([&]() -> c10::IValue {
+    s.setup_environment();
+    struct Teardown {
+      ParallelStrategy& s;
+      ~Teardown() { s.teardown(); }
+    } teardown{s};
+    const double r = static_cast<double>(s.global_rank());
+    auto out = make_dict();
+    out.insert("world_size", s.world_size());
+    out.insert("sum", s.reduce(torch::full({1}, r + 1), "sum").item<double>());
+    out.insert("gathered", s.all_gather(torch::full({1}, r)));
+    out.insert("from_rank_1", s.broadcast(c10::IValue(s.global_rank() * 10), 1));
+    s.barrier("after");
+    return out;
+  });
+  auto d = c10::impl::toTypedDict<std::string, c10::IValue>(result.toGenericDict());
+  EXPECT_EQ(d.at("world_size").toInt(), 2);
+  EXPECT_DOUBLE_EQ(d.at("sum").toDouble(), 1.0 + 2.0);
+  EXPECT_TRUE(torch::equal(d.at("gathered").toTensor(), torch::tensor({{0.0f}, {1.0f}})));
+  EXPECT_EQ(d.at("from_rank_1").toInt(), 10);
 }

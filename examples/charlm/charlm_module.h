@@ -5,6 +5,7 @@
 // Shared by the example, the tests and the benchmarks; bench/reference.py
 // builds the same model in Python with the same parameter names.
 
+#include <fulgur/data/text.h>
 #include <fulgur/fulgur.h>
 
 #include <torch/torch.h>

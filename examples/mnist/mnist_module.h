@@ -1,6 +1,7 @@
 #pragma once
 // The MNIST example's model and data, shared by the example, the tests and the benchmarks.
 
+#include <fulgur/data/mnist.h>
 #include <fulgur/fulgur.h>
 
 #include <torch/torch.h>

@@ -1,5 +1,5 @@
 #pragma once
-// Reading checkpoints outside a Trainer.
+// State dicts, and reading checkpoints outside a Trainer.
 
 #include <fulgur/lightning_module.h>
 
@@ -16,7 +16,9 @@ namespace fulgur {
 std::vector<std::string> load_state_dict(torch::nn::Module& module, const c10::Dict<std::string, c10::IValue>& state,
                                          bool strict = true, const std::string& source = "state_dict");
 
-// The module's parameters and buffers by dotted name, as CPU tensors.
+// A copy of the module's parameters and buffers by dotted name, as CPU
+// tensors that share no storage with the module (changing one leaves the
+// module alone).
 c10::Dict<std::string, c10::IValue> state_dict(const torch::nn::Module& module);
 
 // Loads checkpoint["state_dict"] of the file at `path` (a fulgur checkpoint or

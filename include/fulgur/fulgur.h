@@ -1,17 +1,24 @@
 #pragma once
-// Everything a user of fulgur needs.
+// Everything a user program needs: the Trainer, modules, data, callbacks,
+// loggers, every strategy (strategies/ddp.h holds ParallelStrategy,
+// DDPStrategy and XLAStrategy), the registry, collectives and the device
+// loader. The example data sets are separate: <fulgur/data/mnist.h>
+// (load_mnist) and <fulgur/data/text.h> (CharDataset).
 
 #include <fulgur/callbacks/early_stopping.h>
 #include <fulgur/callbacks/lr_monitor.h>
 #include <fulgur/callbacks/model_checkpoint.h>
+#include <fulgur/callbacks/prediction_writer.h>
 #include <fulgur/callbacks/progress_bar.h>
 #include <fulgur/checkpoint.h>
 #include <fulgur/data/data_loader.h>
-#include <fulgur/data/mnist.h>
-#include <fulgur/data/text.h>
+#include <fulgur/data/device_loader.h>
 #include <fulgur/data_module.h>
+#include <fulgur/distributed/collectives.h>
 #include <fulgur/lightning_module.h>
 #include <fulgur/loggers/csv_logger.h>
+#include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/registry.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 #include <fulgur/xla/backend.h>

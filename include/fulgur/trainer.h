@@ -51,11 +51,17 @@ class BatchLimit {
 struct TrainerOptions {
   // "cpu", "xla" or "auto".
   TORCH_ARG(std::string, accelerator) = "auto";
-  // "auto", a count "2", or indices "0,1".
+  // "auto", a count "2", or indices "0,1" (one index: "1,", as in Lightning).
   TORCH_ARG(std::string, devices) = "auto";
 
  public:
+  // A count: devices(2) is devices("2").
   TrainerOptions& devices(int64_t n) { devices_ = std::to_string(n); return *this; }
+  // Device indices, Lightning's devices=[0, 1]: devices(std::vector<int64_t>{0, 1})
+  // is devices("0,1"), and {1} is devices("1,") (index 1, not a count).
+  // Duplicates, negatives and indices the accelerator does not have are
+  // refused by the Trainer's constructor, naming the value and the range.
+  TrainerOptions& devices(const std::vector<int64_t>& indices);
   // "auto", "single_device", "single_xla", "ddp", "xla", "xla_debug".
   TORCH_ARG(std::string, strategy) = "auto";
   // A configured strategy object; overrides `strategy`, `accelerator`, `devices`.
@@ -135,7 +141,11 @@ class Trainer {
   Metrics validate(LightningModule& model, std::shared_ptr<BatchSource> loader, const std::string& ckpt_path = "");
   Metrics test(LightningModule& model, DataModule& datamodule, const std::string& ckpt_path = "");
   Metrics test(LightningModule& model, std::shared_ptr<BatchSource> loader, const std::string& ckpt_path = "");
-  // Rank 0's predictions (each rank predicts its share of the loader).
+  // Rank 0's predictions, on the CPU (each rank predicts its share of the
+  // loader). The DataModule form calls setup("predict") and
+  // predict_dataloader() in every worker. To keep every rank's predictions,
+  // add a BasePredictionWriter (callbacks/prediction_writer.h).
+  std::vector<at::Tensor> predict(LightningModule& model, DataModule& datamodule, const std::string& ckpt_path = "");
   std::vector<at::Tensor> predict(LightningModule& model, std::shared_ptr<BatchSource> loader,
                                   const std::string& ckpt_path = "");
 

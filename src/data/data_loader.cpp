@@ -15,7 +15,7 @@ namespace fulgur {
 namespace {
 
 // The index lists of an epoch's batches, from batch `skip` on.
-std::vector<std::vector<int64_t>> batch_indices(const Sampler& sampler, int64_t batch_size, bool drop_last,
+std::vector<std::vector<int64_t>> epoch_batches(const Sampler& sampler, int64_t batch_size, bool drop_last,
                                                 int64_t skip) {
   std::vector<int64_t> order = sampler.indices();
   std::vector<std::vector<int64_t>> out;
@@ -132,10 +132,14 @@ int64_t DataLoader::num_batches() const {
 }
 
 std::unique_ptr<BatchStream> DataLoader::open(int64_t skip_batches) {
-  auto batches = batch_indices(*sampler_, options_.batch_size(), options_.drop_last(), skip_batches);
+  auto batches = epoch_batches(*sampler_, options_.batch_size(), options_.drop_last(), skip_batches);
   if (options_.num_workers() == 0) return std::make_unique<InlineStream>(dataset_, std::move(batches));
   return std::make_unique<PrefetchStream>(dataset_, std::move(batches), options_.num_workers(),
                                           options_.num_workers() * options_.prefetch_factor());
+}
+
+std::vector<std::vector<int64_t>> DataLoader::batch_indices() const {
+  return epoch_batches(*sampler_, options_.batch_size(), options_.drop_last(), 0);
 }
 
 std::shared_ptr<DataLoader> DataLoader::with_sampler(std::shared_ptr<Sampler> sampler) const {

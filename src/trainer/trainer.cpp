@@ -1,6 +1,7 @@
 #include <fulgur/callbacks/model_checkpoint.h>
 #include <fulgur/callbacks/progress_bar.h>
 #include <fulgur/checkpoint.h>
+#include <fulgur/data/device_loader.h>
 #include <fulgur/loggers/csv_logger.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
 #include <fulgur/strategies/ddp.h>
@@ -362,16 +363,36 @@ Metrics TrainerImpl::evaluation_loop(Stage eval_stage, BatchSource& source, int6
   return metrics;
 }
 
-std::vector<at::Tensor> TrainerImpl::predict_loop(BatchSource& source, int64_t max_batches) {
+namespace {
+
+// The DataLoader that yields `source`'s batches (inside DeviceLoaders), or nullptr.
+const DataLoader* underlying_data_loader(const BatchSource& source) {
+  if (const auto* device = dynamic_cast<const DeviceLoader*>(&source)) return underlying_data_loader(*device->inner());
+  return dynamic_cast<const DataLoader*>(&source);
+}
+
+}  // namespace
+
+void TrainerImpl::predict_loop(BatchSource& source, int64_t max_batches) {
   model->eval();
-  std::vector<at::Tensor> out;
-  auto stream = source.open(0);
-  for (int64_t i = 0; i < max_batches; ++i) {
-    auto batch = stream->next();
-    if (!batch) break;
-    out.push_back(strategy->predict_step(*batch, i).to(torch::kCPU));
+  predictions.clear();
+  predict_batch_indices.clear();
+  const DataLoader* data_loader = underlying_data_loader(source);
+  const std::vector<std::vector<int64_t>> indices =
+      data_loader ? data_loader->batch_indices() : std::vector<std::vector<int64_t>>();
+  for (auto& c : callbacks) c->on_predict_start(owner, *model);
+  {
+    auto stream = source.open(0);
+    for (int64_t i = 0; i < max_batches; ++i) {
+      auto batch = stream->next();
+      if (!batch) break;
+      predictions.push_back(strategy->predict_step(*batch, i).to(torch::kCPU));
+      predict_batch_indices.push_back(static_cast<size_t>(i) < indices.size() ? indices[i] : std::vector<int64_t>());
+      for (auto& c : callbacks) c->on_predict_batch_end(owner, *model, predictions.back(), *batch, i);
+    }
   }
-  return out;
+  for (auto& c : callbacks) c->on_predict_epoch_end(owner, *model);
+  for (auto& c : callbacks) c->on_predict_end(owner, *model);
 }
 
 void TrainerImpl::fit_loop() {
@@ -787,7 +808,8 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
   progress_bar_metrics.clear();
   should_stop = false;
 
-  std::vector<at::Tensor> preds;
+  predictions.clear();
+  predict_batch_indices.clear();
   const std::string path = resolve_ckpt_path(ckpt_path);
   if (run_stage == Stage::kFit) {
     if (!data.train) throw std::invalid_argument("fit: no training loader (pass one, or give the DataModule a train_dataloader)");
@@ -814,15 +836,14 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     const int64_t n = limit_overrides > 0 ? std::min(limit_overrides, source->num_batches())
                                           : limit.resolve(source->num_batches(), "limit_*_batches");
     if (run_stage == Stage::kPredict) {
-      preds = predict_loop(*source, n);
+      predict_loop(*source, n);
     } else {
       auto metrics = evaluation_loop(run_stage, *source, n);
       for (const auto& [k, v] : metrics) callback_metrics[k] = v;
       if (logger && strategy->is_global_zero()) logger->save();
     }
   }
-  predictions = preds;
-  return make_result(preds);
+  return make_result(predictions);
 }
 
 c10::IValue TrainerImpl::run(Stage run_stage, LightningModule& m, StageData data, const std::string& ckpt_path) {
@@ -847,6 +868,14 @@ c10::IValue TrainerImpl::run(Stage run_stage, LightningModule& m, StageData data
 }  // namespace detail
 
 // --- Trainer ---------------------------------------------------------------
+
+TrainerOptions& TrainerOptions::devices(const std::vector<int64_t>& indices) {
+  std::string spec;
+  for (int64_t i : indices) spec += std::to_string(i) + ",";
+  if (indices.size() > 1) spec.pop_back();
+  devices_ = indices.empty() ? "," : spec;
+  return *this;
+}
 
 Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<detail::TrainerImpl>(*this, std::move(options))) {}
 Trainer::~Trainer() = default;
@@ -891,6 +920,13 @@ Metrics Trainer::test(LightningModule& model, std::shared_ptr<BatchSource> loade
   d.eval = std::move(loader);
   impl_->run(Stage::kTest, model, d, ckpt_path);
   return callback_metrics();
+}
+
+std::vector<at::Tensor> Trainer::predict(LightningModule& model, DataModule& datamodule, const std::string& ckpt_path) {
+  detail::StageData d;
+  d.datamodule = &datamodule;
+  impl_->run(Stage::kPredict, model, d, ckpt_path);
+  return impl_->predictions;
 }
 
 std::vector<at::Tensor> Trainer::predict(LightningModule& model, std::shared_ptr<BatchSource> loader,

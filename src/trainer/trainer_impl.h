@@ -35,7 +35,8 @@ struct TrainerImpl {
   void fit_loop();
   // Runs validation over `source`; returns the epoch metrics.
   Metrics evaluation_loop(Stage stage, BatchSource& source, int64_t max_batches);
-  std::vector<at::Tensor> predict_loop(BatchSource& source, int64_t max_batches);
+  // Fills `predictions` and `predict_batch_indices`.
+  void predict_loop(BatchSource& source, int64_t max_batches);
   void training_batch(const Batch& batch, int64_t batch_idx);
   void optimizer_step_automatic(const Batch& batch, int64_t batch_idx, StepOutput& out, bool sync_now);
   void clip_gradients(torch::optim::Optimizer& optimizer);
@@ -92,7 +93,12 @@ struct TrainerImpl {
   std::shared_ptr<BatchSource> val_source;
   int64_t current_batch_size = 1;
   std::vector<int64_t> scheduler_counts;  // steps taken by each scheduler
+  // This rank's predictions (CPU tensors) of the current or last predict run;
+  // in the launching process after a multi-process run, rank 0's.
   std::vector<at::Tensor> predictions;
+  // The dataset indices of each batch in `predictions` (empty lists when the
+  // source is not a DataLoader, whose indices are unknown). This rank's.
+  std::vector<std::vector<int64_t>> predict_batch_indices;
   // The launching process of a multi-process fit has no optimizers of its
   // own: rank 0's whole checkpoint at the end of fit comes back with the
   // result, so that Trainer::save_checkpoint after fit is complete there too.

@@ -27,6 +27,13 @@ class Callback {
   virtual void on_test_start(Trainer&, LightningModule&) {}
   virtual void on_test_batch_end(Trainer&, LightningModule&, int64_t /*batch_idx*/) {}
   virtual void on_test_end(Trainer&, LightningModule&) {}
+  virtual void on_predict_start(Trainer&, LightningModule&) {}
+  // prediction: what predict_step returned for this batch, moved to the CPU.
+  virtual void on_predict_batch_end(Trainer&, LightningModule&, const at::Tensor& /*prediction*/, const Batch&,
+                                    int64_t /*batch_idx*/) {}
+  // After the last predict batch of this rank.
+  virtual void on_predict_epoch_end(Trainer&, LightningModule&) {}
+  virtual void on_predict_end(Trainer&, LightningModule&) {}
   virtual void on_save_checkpoint(Trainer&, LightningModule&, Checkpoint&) {}
 
   // State kept in checkpoints so a resumed run continues where it stopped.

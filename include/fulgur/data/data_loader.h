@@ -59,6 +59,9 @@ class DataLoader : public BatchSource {
   int64_t num_batches() const override;
   void set_epoch(int64_t epoch) override { sampler_->set_epoch(epoch); }
   std::unique_ptr<BatchStream> open(int64_t skip_batches = 0) override;
+  // The dataset indices of each batch of the current epoch, in the order
+  // open(0) yields them (what a prediction writer receives as batch_indices).
+  std::vector<std::vector<int64_t>> batch_indices() const;
 
   // A loader over the same dataset and options that takes its indices from
   // `sampler` (the slot a distributed strategy fills).

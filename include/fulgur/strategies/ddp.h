@@ -57,6 +57,8 @@ class ParallelStrategy : public Strategy {
   void setup_module_states() override;
   void teardown() override;
 
+  // Both Strategy::reduce overloads stay callable on a ParallelStrategy.
+  using Strategy::reduce;
   at::Tensor reduce(const at::Tensor& tensor, const std::string& reduce_op = "mean") override;
   at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads = false) override;
   c10::IValue broadcast(const c10::IValue& value, int64_t src = 0) override;
