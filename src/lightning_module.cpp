@@ -39,6 +39,14 @@ void LightningModule::log(const std::string& name, double value, LogOptions opti
   log(name, torch::tensor(value, torch::kFloat64), std::move(options));
 }
 
+void LightningModule::log_dict(const std::map<std::string, at::Tensor>& values, const LogOptions& options) {
+  for (const auto& [name, value] : values) log(name, value, options);
+}
+
+void LightningModule::log_dict(const std::map<std::string, double>& values, const LogOptions& options) {
+  for (const auto& [name, value] : values) log(name, value, options);
+}
+
 std::vector<LightningOptimizer> LightningModule::optimizers() {
   if (!trainer_) throw std::logic_error("optimizers() is only available while a Trainer runs");
   std::vector<LightningOptimizer> out;

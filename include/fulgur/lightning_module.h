@@ -24,6 +24,7 @@
 #include <torch/optim/schedulers/lr_scheduler.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -122,6 +123,10 @@ class LightningModule : public torch::nn::Module {
   // one element.
   void log(const std::string& name, const at::Tensor& value, LogOptions options = {});
   void log(const std::string& name, double value, LogOptions options = {});
+  // Lightning's log_dict: log(name, value, options) for each entry, in key
+  // order. Example: log_dict({{"loss", loss}, {"acc", acc}}, LogOptions().with_prog_bar(true));
+  void log_dict(const std::map<std::string, at::Tensor>& values, const LogOptions& options = {});
+  void log_dict(const std::map<std::string, double>& values, const LogOptions& options = {});
 
   // --- Manual optimization -------------------------------------------------
   // With false, training_step drives the optimizers itself through

@@ -91,6 +91,8 @@ struct TrainerOptions {
   TORCH_ARG(std::string, default_root_dir) = ".";
   TORCH_ARG(bool, enable_progress_bar) = true;
   TORCH_ARG(bool, enable_checkpointing) = true;
+  // Add a ModelSummary (rank 0 prints the model's table at fit start) if none is given.
+  TORCH_ARG(bool, enable_model_summary) = true;
   // false: no logger. With true and no `logger_object`: a CSVLogger.
   TORCH_ARG(bool, logger) = true;
   TORCH_ARG(std::shared_ptr<Logger>, logger_object) = nullptr;

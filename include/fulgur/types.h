@@ -58,6 +58,11 @@ struct LogOptions {
   std::string reduce_fx = "mean";
   // Weight of this value in the epoch mean; default: the batch's first dimension.
   std::optional<int64_t> batch_size;
+  // The value is logged from global rank 0 only (as Lightning's
+  // rank_zero_only=True): calls on other ranks are ignored, so those ranks'
+  // callbacks cannot monitor it. Cannot be combined with sync_dist, whose
+  // collective the other ranks would never join.
+  bool rank_zero_only = false;
 
   LogOptions& with_on_step(bool v) { on_step = v; return *this; }
   LogOptions& with_on_epoch(bool v) { on_epoch = v; return *this; }
@@ -66,6 +71,7 @@ struct LogOptions {
   LogOptions& with_sync_dist(bool v) { sync_dist = v; return *this; }
   LogOptions& with_reduce_fx(std::string v) { reduce_fx = std::move(v); return *this; }
   LogOptions& with_batch_size(int64_t v) { batch_size = v; return *this; }
+  LogOptions& with_rank_zero_only(bool v) { rank_zero_only = v; return *this; }
 };
 
 }  // namespace fulgur

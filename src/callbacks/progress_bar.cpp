@@ -31,8 +31,15 @@ std::string ProgressBar::render(Trainer& trainer, int64_t batch_idx, int64_t tot
   std::ostringstream os;
   os << "Epoch " << trainer.current_epoch() << ": " << batch_idx << "/" << total;
   if (total > 0) os << " (" << (100 * batch_idx / total) << "%)";
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), " [%.1fs, %.1f it/s]", secs, secs > 0 ? batches_seen_ / secs : 0.0);
+  // The ETA of the epoch at the rate of the batches seen so far in it.
+  const double rate = secs > 0 ? static_cast<double>(batches_seen_) / secs : 0.0;
+  char buf[96];
+  if (rate > 0 && total >= batch_idx) {
+    std::snprintf(buf, sizeof(buf), " [%.1fs, ETA %.1fs, %.1f it/s]", secs, static_cast<double>(total - batch_idx) / rate,
+                  rate);
+  } else {
+    std::snprintf(buf, sizeof(buf), " [%.1fs, ETA ?, %.1f it/s]", secs, rate);
+  }
   os << buf;
   for (const auto& [k, v] : trainer.progress_bar_metrics()) os << " " << k << "=" << fmt(v);
   return os.str();

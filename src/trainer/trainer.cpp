@@ -1,4 +1,6 @@
+#include <fulgur/callbacks/early_stopping.h>
 #include <fulgur/callbacks/model_checkpoint.h>
+#include <fulgur/callbacks/model_summary.h>
 #include <fulgur/callbacks/progress_bar.h>
 #include <fulgur/checkpoint.h>
 #include <fulgur/data/device_loader.h>
@@ -18,6 +20,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
@@ -54,6 +57,19 @@ namespace {
 
 void require(bool ok, const std::string& message) {
   if (!ok) throw std::invalid_argument(message);
+}
+
+// "SIGTERM" for 15; the number for a signal without a name here.
+std::string signal_name(int sig) {
+  if (sig == SIGTERM) return "SIGTERM";
+  if (sig == SIGINT) return "SIGINT";
+  return "signal " + std::to_string(sig);
+}
+
+std::string format_metric(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
 }
 
 template <typename T>
@@ -164,6 +180,9 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
   if (options.enable_progress_bar() && !find_callback<ProgressBar>(callbacks)) {
     callbacks.push_back(std::make_shared<ProgressBar>());
   }
+  if (options.enable_model_summary() && !find_callback<ModelSummary>(callbacks)) {
+    callbacks.insert(callbacks.begin(), std::make_shared<ModelSummary>());
+  }
   std::set<std::string> keys;
   for (const auto& c : callbacks) {
     require(c != nullptr, "callbacks: a callback is null");
@@ -182,6 +201,11 @@ void TrainerImpl::materialize_metrics() const {
 
 void TrainerImpl::log(const std::string& name, const at::Tensor& value, const LogOptions& opts) {
   if (!model) throw std::logic_error("log('" + name + "') was called outside a Trainer run");
+  if (opts.rank_zero_only && opts.sync_dist) {
+    throw std::invalid_argument("log('" + name + "'): rank_zero_only=true with sync_dist=true: the reduction is a "
+                                "collective that the other ranks would never join; drop one of the two");
+  }
+  if (opts.rank_zero_only && !strategy->is_global_zero()) return;
   results.log(name, value, opts, in_training_step, current_batch_size, reducer());
 }
 
@@ -474,6 +498,8 @@ void TrainerImpl::fit_loop() {
                                                               " on signal " + std::to_string(sig ? sig : SIGTERM) +
                                                               "; checkpoint saved to " + path);
       if (logger && strategy->is_global_zero()) logger->finalize("interrupted");
+      report_fit_end("signal " + std::to_string(sig ? sig : SIGTERM) + " (" + signal_name(sig ? sig : SIGTERM) +
+                     "); last checkpoint " + path);
       throw WorkerFailure("interrupted by signal " + std::to_string(sig ? sig : SIGTERM) + " at step " +
                               std::to_string(global_step) + "; checkpoint saved to " + path,
                           static_cast<int>(strategy->global_rank()), 128 + (sig ? sig : SIGTERM));
@@ -495,6 +521,48 @@ void TrainerImpl::fit_loop() {
     logger->save();
     logger->finalize("success");
   }
+  report_fit_end(fit_stop_reason());
+}
+
+std::string TrainerImpl::fit_stop_reason() const {
+  if (num_training_batches == 0) return "no training batches (limit_train_batches gives 0)";
+  if (options.max_steps() != -1 && global_step >= options.max_steps()) {
+    return "max_steps=" + std::to_string(options.max_steps()) + " reached";
+  }
+  if (should_stop) {
+    if (auto* es = find_callback<EarlyStopping>(callbacks); es && es->stopped_epoch() == current_epoch - (epoch_finished ? 1 : 0)) {
+      const std::string& monitor = es->options().monitor();
+      std::string why = "EarlyStopping on " + monitor;
+      if (auto it = callback_metrics.find(monitor); it != callback_metrics.end()) why += "=" + format_metric(it->second);
+      return why + (es->reason().empty() ? " (the decision of another rank)" : " (" + es->reason() + ")");
+    }
+    return "should_stop was set";
+  }
+  if (max_epochs != -1 && current_epoch >= max_epochs) return "max_epochs=" + std::to_string(max_epochs) + " reached";
+  return "the training loader ran out";
+}
+
+void TrainerImpl::report_fit_end(const std::string& why) const {
+  if (!strategy->is_global_zero()) return;
+  using runtime::LogLevel;
+  runtime::log_rank_zero(LogLevel::kInfo, "fit stopped at epoch " + std::to_string(current_epoch) + ", step " +
+                                              std::to_string(global_step) + ": " + why);
+  if (auto* mc = owner.checkpoint_callback()) {
+    if (!mc->best_model_path().empty()) {
+      const std::string& monitor = mc->options().monitor();
+      std::string score = monitor.empty() || !mc->best_model_score()
+                              ? "the most recent; no monitor"
+                              : monitor + "=" + format_metric(*mc->best_model_score());
+      runtime::log_rank_zero(LogLevel::kInfo, "best checkpoint: " + mc->best_model_path() + " (" + score + ")");
+    } else if (!mc->last_model_path().empty()) {
+      runtime::log_rank_zero(LogLevel::kInfo, "last checkpoint: " + mc->last_model_path());
+    } else {
+      runtime::log_rank_zero(LogLevel::kInfo, "no checkpoint was saved");
+    }
+  } else {
+    runtime::log_rank_zero(LogLevel::kInfo, "no checkpoints (enable_checkpointing is off)");
+  }
+  runtime::log_rank_zero(LogLevel::kInfo, logger ? "logs: " + logger->log_dir() : "no logs (logger is off)");
 }
 
 Checkpoint TrainerImpl::dump_checkpoint() {

@@ -49,6 +49,12 @@ struct TrainerImpl {
   // Reduces a logged value across ranks (for sync_dist).
   ResultCollection::Reducer reducer();
   void log(const std::string& name, const at::Tensor& value, const LogOptions& options);
+  // Why fit_loop ended normally: max_steps, EarlyStopping (its metric and
+  // value), should_stop, max_epochs.
+  std::string fit_stop_reason() const;
+  // Rank 0 prints, at info: why fit stopped, the best checkpoint and its
+  // score, and the log folder.
+  void report_fit_end(const std::string& why) const;
   // Whether a stop signal (on any rank) ends training after this batch.
   bool stop_requested(int64_t batch_idx, bool last);
 

@@ -39,6 +39,7 @@ class EarlyStopping : public Callback {
   c10::IValue state_dict() const override;
   void load_state_dict(const c10::IValue& state) override;
 
+  const EarlyStoppingOptions& options() const { return options_; }
   int64_t wait_count() const { return wait_count_; }
   int64_t stopped_epoch() const { return stopped_epoch_; }
   double best_score() const { return best_score_; }
