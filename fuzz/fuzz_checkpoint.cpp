@@ -18,16 +18,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static torch::nn::Linear model(3, 2);
   try {
     const c10::IValue v = fulgur::detail::load_torch_archive(data, size, "fuzz input");
-    if (!v.isGenericDict() || v.toGenericDict().keyType()->kind() != c10::TypeKind::StringType) return 0;
-    auto ck = fulgur::make_dict();
-    for (const auto& kv : v.toGenericDict()) ck.insert(kv.key().toStringRef(), kv.value());
-    if (ck.contains("state_dict") && ck.at("state_dict").isGenericDict()) {
-      const auto sd = ck.at("state_dict").toGenericDict();
-      if (sd.keyType()->kind() == c10::TypeKind::StringType) {
-        auto typed = fulgur::make_dict();
-        for (const auto& kv : sd) typed.insert(kv.key().toStringRef(), kv.value());
-        fulgur::load_state_dict(*model, typed, false, "fuzz input");
-      }
+    const auto ck = fulgur::detail::as_str_dict(v, "fuzz input");
+    if (ck.contains("state_dict")) {
+      fulgur::load_state_dict(*model, fulgur::detail::as_str_dict(ck.at("state_dict"), "state_dict"), false, "fuzz input");
     }
     if (ck.contains("optimizer_states") && ck.at("optimizer_states").isList() &&
         ck.at("optimizer_states").toList().size() > 0) {

@@ -16,9 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static torch::nn::Linear model(3, 2);
   try {
     const c10::IValue v = fulgur::detail::load_torch_archive(data, size, "fuzz input");
-    if (!v.isGenericDict() || v.toGenericDict().keyType()->kind() != c10::TypeKind::StringType) return 0;
-    auto sd = fulgur::make_dict();
-    for (const auto& kv : v.toGenericDict()) sd.insert(kv.key().toStringRef(), kv.value());
+    const auto sd = fulgur::detail::as_str_dict(v, "fuzz input");
     fulgur::load_state_dict(*model, sd, true, "fuzz input");
   } catch (const std::exception&) {
   }

@@ -217,12 +217,10 @@ TEST(Serialize, ZipStructureIsChecked) {
   EXPECT_THAT(load_error(stored_zip({{"archive/version", "3\n"}})), HasSubstr("no '<folder>/data.pkl' record"));
   // Two central entries for one record's bytes (a zip bomb's trick): refused.
   std::string two = stored_zip({{"archive/data.pkl", "\x80\x02K\x05."}, {"archive/data/0", kFourFloats}});
-  const auto second_local = two.find(std::string("PK\x03\x04", 4), 4);
   const auto last_central = two.rfind(std::string("PK\x01\x02", 4));
   two.replace(last_central + 42, 4, le32(0));  // the second entry points at the first record's header
   const std::string error = load_error(two);
   EXPECT_TRUE(error.find("overlap") != std::string::npos || error.find("names another record") != std::string::npos) << error;
-  EXPECT_NE(second_local, std::string::npos);
   std::string compressed = good;
   compressed[compressed.rfind(std::string("PK\x01\x02", 4)) + 10] = 8;  // method 8, deflate
   EXPECT_THAT(load_error(compressed), HasSubstr("is compressed (method 8)"));

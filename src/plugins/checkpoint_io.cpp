@@ -123,16 +123,7 @@ Checkpoint TorchCheckpointIO::load_checkpoint(const std::string& path) {
   }
   ::close(fd);
   const c10::IValue value = detail::load_torch_archive(bytes.data(), bytes.size(), "checkpoint " + path);
-  if (!value.isGenericDict() || value.toGenericDict().keyType()->kind() != c10::TypeKind::StringType) {
-    throw SerializationError("checkpoint " + path + " does not hold a dict with string keys (found " +
-                             value.type()->repr_str() + ")");
-  }
-  const auto dict = value.toGenericDict();
-  if (dict.valueType()->kind() == c10::TypeKind::AnyType) return c10::impl::toTypedDict<std::string, c10::IValue>(dict);
-  // A dict typed more narrowly (Dict[str, Tensor]): the same entries as Dict[str, Any].
-  Checkpoint out = make_dict();
-  for (const auto& kv : dict) out.insert(kv.key().toStringRef(), kv.value());
-  return out;
+  return detail::as_str_dict(value, "checkpoint " + path + " (its top level)");
 }
 
 void TorchCheckpointIO::remove_checkpoint(const std::string& path) {

@@ -587,8 +587,9 @@ class Unpickler {
     if (converted_[id]) return *converted_[id];
     if (state_[id] == 1) fail_value("a " + std::string(kind_name(n.kind)) + " contains itself");
     state_[id] = 1;
-    const std::vector<uint32_t> items = n.items;
-    const std::string tag = n.s;
+    // Conversion adds no nodes, so these references stay valid.
+    const std::vector<uint32_t>& items = n.items;
+    const std::string& tag = n.s;
     const Kind kind = n.kind;
     c10::IValue out;
     if (kind == Kind::kTuple) {
@@ -672,6 +673,19 @@ class Unpickler {
 };
 
 }  // namespace
+
+c10::Dict<std::string, c10::IValue> as_str_dict(const c10::IValue& value, const std::string& what) {
+  if (!value.isGenericDict() || value.toGenericDict().keyType()->kind() != c10::TypeKind::StringType) {
+    throw SerializationError(what + " is a " + value.type()->repr_str() + ", not a dict with string keys");
+  }
+  const auto dict = value.toGenericDict();
+  if (dict.valueType()->kind() == c10::TypeKind::AnyType) return c10::impl::toTypedDict<std::string, c10::IValue>(dict);
+  // A dict typed more narrowly (Dict[str, Tensor]): the same entries as Dict[str, Any].
+  auto out = c10::impl::toTypedDict<std::string, c10::IValue>(
+      c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+  for (const auto& kv : dict) out.insert(kv.key().toStringRef(), kv.value());
+  return out;
+}
 
 c10::IValue load_torch_archive(const uint8_t* data, size_t size, const std::string& source, const ReadLimits& limits) {
   const ZipArchive zip(data, size, source, limits);

@@ -33,4 +33,9 @@ namespace fulgur::detail {
 c10::IValue load_torch_archive(const uint8_t* data, size_t size, const std::string& source,
                                const ReadLimits& limits = {});
 
+// `value` as a Dict[str, Any] (what checkpoints, state_dicts and their
+// sub-dicts are read as). Throws SerializationError "<what> is a <type>, not
+// a dict with string keys" for anything else.
+c10::Dict<std::string, c10::IValue> as_str_dict(const c10::IValue& value, const std::string& what);
+
 }  // namespace fulgur::detail

@@ -1,5 +1,7 @@
 #include "trainer/optim_state.h"
 
+#include "serialize/torch_archive.h"
+
 #include <fulgur/lightning_module.h>
 #include <fulgur/serialization_error.h>
 
@@ -204,15 +206,6 @@ std::string supported() {
 c10::IValue get(const Dict& d, const char* key, const std::string& where) {
   if (!d.contains(key)) throw SerializationError(where + ": no '" + key + "' key");
   return d.at(key);
-}
-
-Dict as_str_dict(const c10::IValue& v, const std::string& where) {
-  if (!v.isGenericDict() || v.toGenericDict().keyType()->kind() != c10::TypeKind::StringType) {
-    throw SerializationError(where + " is a " + v.type()->repr_str() + ", not a dict with string keys");
-  }
-  Dict out = make_dict();
-  for (const auto& kv : v.toGenericDict()) out.insert(kv.key().toStringRef(), kv.value());
-  return out;
 }
 
 }  // namespace
