@@ -6,6 +6,9 @@
 #include "support.h"
 
 #include <fulgur/plugins/io/checkpoint_io.h>
+#include <fulgur/strategies/ddp.h>
+
+#include "trainer/stop_poll.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -27,6 +30,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <atomic>
 #include <random>
 #include <set>
 #include <sstream>
@@ -829,4 +833,233 @@ TEST(Faults, SigkilledWriterLeavesTheMetricsUpToTheLastFlush) {
   for (std::string line; std::getline(csv, line);) steps.push_back(std::stoll(line.substr(line.rfind(',') + 1)));
   ASSERT_EQ(steps.size(), 100u) << "rows of steps 1..100 (flushed at step 100), not those of 101..104";
   for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i], static_cast<int64_t>(i) + 1);
+}
+
+// --- Stop signals wherever a worker is (issue 16, item 7) -------------------
+
+TEST(Signals, StopPollAgreesAboutEveryQuarterSecondWhateverABatchCosts) {
+  using namespace std::chrono_literals;
+  using fulgur::detail::StopPoll;
+  int agreements = 0;
+  double seen = 0;
+  StopPoll poll(
+      [&](bool local, double seconds) {
+        ++agreements;
+        seen = seconds;
+        return std::make_pair(local, seconds);
+      },
+      250ms, StopPoll::Clock::time_point());
+  StopPoll::Clock::time_point t;
+  // 10 ms batches: the first boundary agrees (and measures), then every 25th.
+  for (int i = 1; i <= 101; ++i) EXPECT_FALSE(poll.poll(false, false, t += 10ms)) << i;
+  EXPECT_EQ(poll.every(), 25);
+  EXPECT_EQ(agreements, 5);  // batches 1, 26, 51, 76, 101
+  EXPECT_NEAR(seen, 0.25, 1e-9);
+  // A signal at batch 102 is acted on at batch 126, 0.25 s later.
+  int batches = 0;
+  while (!poll.poll(true, false, t += 10ms)) ++batches;
+  EXPECT_EQ(batches, 24);
+  // A loop's last batch agrees at once.
+  EXPECT_TRUE(poll.poll(true, true, t += 10ms));
+  // 2 s batches: every boundary.
+  poll.poll(false, true, t += 2s);
+  EXPECT_EQ(poll.every(), 1);
+  // No time measured (a clock that did not move): the most allowed.
+  poll.poll(false, true, t);
+  EXPECT_EQ(poll.every(), StopPoll::kMaxEvery);
+  // One process: its own flag, at every boundary, without agreeing.
+  StopPoll alone(nullptr, 250ms);
+  EXPECT_FALSE(alone.poll(false, false));
+  EXPECT_TRUE(alone.poll(true, false));
+}
+
+namespace {
+
+// Each step appends a line to <dir>/<kind>-<rank>; training step `hang_at`
+// of rank `hang_rank` sleeps for a minute; validation steps take `val_ms`.
+struct SlowSteps : fulgur::testing::TinyRegression {
+  explicit SlowSteps(std::string dir) : dir(std::move(dir)) {}
+  void mark(const std::string& kind) {
+    std::ofstream(dir + "/" + kind + "-" + std::to_string(trainer()->global_rank()), std::ios::app) << "x\n";
+  }
+  StepOutput training_step(const Batch& b, int64_t i) override {
+    mark("train");
+    if (i == hang_at && trainer()->global_rank() == hang_rank) {
+      mark("stuck");
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+    }
+    return TinyRegression::training_step(b, i);
+  }
+  StepOutput validation_step(const Batch& b, int64_t i) override {
+    mark("val");
+    std::this_thread::sleep_for(std::chrono::milliseconds(val_ms));
+    return TinyRegression::validation_step(b, i);
+  }
+  std::string dir;
+  int val_ms = 0;
+  int64_t hang_at = -1;
+  int64_t hang_rank = 1;
+};
+
+int64_t lines_in(const std::string& path) {
+  const std::string text = read_file(path);
+  return std::count(text.begin(), text.end(), '\n');
+}
+
+// Waits until `path` has at least `n` lines; false after `seconds`.
+bool wait_for_lines(const std::string& path, int64_t n, double seconds) {
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < end) {
+    if (lines_in(path) >= n) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+std::shared_ptr<Strategy> two_cpu_workers(std::chrono::milliseconds stop_timeout = std::chrono::seconds(30)) {
+  ParallelOptions po;
+  po.timeout = std::chrono::seconds(90);  // no collective gives up before the signal's effect is seen
+  po.stop_timeout = stop_timeout;
+  return std::make_shared<DDPStrategy>(std::make_shared<CPUAccelerator>(), std::vector<int64_t>{0, 1}, nullptr,
+                                       nullptr, po);
+}
+
+TrainerOptions stop_options(const std::string& root, std::shared_ptr<Strategy> strategy) {
+  return TrainerOptions().strategy_object(std::move(strategy)).max_epochs(1).default_root_dir(root)
+      .enable_progress_bar(false).enable_model_summary(false).num_sanity_val_steps(0);
+}
+
+std::shared_ptr<DataLoader> rows(int64_t n) {
+  return std::make_shared<DataLoader>(fulgur::testing::regression_data(n), DataLoaderOptions(4));
+}
+
+// Runs t.fit on another thread's behalf and returns the WorkerFailure it
+// ends with, and when.
+struct FitEnd {
+  std::optional<WorkerFailure> failure;
+  Clock::time_point at;
+};
+FitEnd fit_until_failure(Trainer& t, LightningModule& m, std::shared_ptr<DataLoader> train,
+                         std::shared_ptr<DataLoader> val) {
+  FitEnd end;
+  try {
+    t.fit(m, std::move(train), std::move(val));
+  } catch (const WorkerFailure& e) {
+    end.failure = e;
+  }
+  end.at = Clock::now();
+  return end;
+}
+
+}  // namespace
+
+// 100 validation batches of 100 ms per rank: the signal comes 3 batches in,
+// and the job stops within a second or so instead of 10 s later, saving
+// last.ckpt and skipping the epoch end of the partial validation.
+TEST(Signals, SigtermDuringALongValidationStopsTheJobWithinASecond) {
+  TempDir dir;
+  SlowSteps m(dir.path);
+  m.val_ms = 100;
+  Trainer t(stop_options(dir.path + "/run", two_cpu_workers()));
+  Clock::time_point sent;
+  std::thread signaller([&] {
+    if (wait_for_lines(dir.path + "/val-0", 3, 120)) {
+      sent = Clock::now();
+      ::kill(::getpid(), SIGTERM);  // the launching process, as a scheduler would
+    }
+  });
+  const FitEnd end = fit_until_failure(t, m, rows(64), rows(800));
+  signaller.join();
+  ASSERT_TRUE(end.failure.has_value()) << "fit ended without the signal's failure";
+  EXPECT_EQ(end.failure->exit_code(), 143) << end.failure->what();
+  EXPECT_THAT(end.failure->what(), HasSubstr("SIGTERM"));
+  const double seconds = std::chrono::duration<double>(end.at - sent).count();
+  EXPECT_LT(seconds, 3.0) << "from the signal to the end of the job";
+  for (int rank : {0, 1}) EXPECT_LT(lines_in(dir.path + "/val-" + std::to_string(rank)), 40) << "rank " << rank;
+  const std::string last = dir.path + "/run/lightning_logs/version_0/checkpoints/last.ckpt";
+  ASSERT_TRUE(fs::exists(last));
+  EXPECT_EQ(global_step_of(last), 8);  // the epoch's 8 batches, then validation
+  // No checkpoint was chosen on the partial validation's metrics.
+  for (const auto& e : fs::directory_iterator(fs::path(last).parent_path()))
+    EXPECT_EQ(e.path().filename(), "last.ckpt");
+}
+
+// A rank stuck in a step cannot reach the next agreement: the launcher
+// waits for it, and a second signal ends the job at once.
+TEST(Signals, SecondSigtermEndsAJobWithAWorkerStuckInAStep) {
+  TempDir dir;
+  SlowSteps m(dir.path);
+  m.hang_at = 2;
+  Trainer t(stop_options(dir.path + "/run", two_cpu_workers()));
+  std::atomic<bool> running_after_first{false};
+  Clock::time_point second;
+  std::atomic<bool> fit_done{false};
+  std::thread signaller([&] {
+    if (!wait_for_lines(dir.path + "/stuck-1", 1, 120)) return;
+    ::kill(::getpid(), SIGTERM);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    running_after_first = !fit_done;
+    second = Clock::now();
+    ::kill(::getpid(), SIGTERM);
+  });
+  const FitEnd end = fit_until_failure(t, m, rows(64), nullptr);
+  fit_done = true;
+  signaller.join();
+  ASSERT_TRUE(end.failure.has_value());
+  EXPECT_TRUE(running_after_first) << "the first signal gives the workers stop_timeout (30 s) to stop";
+  EXPECT_LT(std::chrono::duration<double>(end.at - second).count(), 2.0) << "from the second signal to the end";
+  EXPECT_THAT(end.failure->what(), HasSubstr("a second signal killed the workers"));
+}
+
+// One signal, and a worker that never reaches a batch boundary: SIGKILL after
+// the launcher's stop_timeout.
+TEST(Signals, WorkerStuckInAStepIsKilledStopTimeoutAfterTheSignal) {
+  TempDir dir;
+  SlowSteps m(dir.path);
+  m.hang_at = 2;
+  Trainer t(stop_options(dir.path + "/run", two_cpu_workers(std::chrono::milliseconds(1500))));
+  Clock::time_point sent;
+  std::thread signaller([&] {
+    if (!wait_for_lines(dir.path + "/stuck-1", 1, 120)) return;
+    sent = Clock::now();
+    ::kill(::getpid(), SIGTERM);
+  });
+  const FitEnd end = fit_until_failure(t, m, rows(64), nullptr);
+  signaller.join();
+  ASSERT_TRUE(end.failure.has_value());
+  const double seconds = std::chrono::duration<double>(end.at - sent).count();
+  EXPECT_GT(seconds, 1.4);
+  EXPECT_LT(seconds, 4.0);
+  EXPECT_THAT(end.failure->what(), HasSubstr("(stop_timeout) were killed"));
+}
+
+// A process on its own (no launcher) stuck in a step: a second SIGINT ends it
+// at once with 130, the first having asked for a clean stop.
+TEST(Signals, SecondSigintEndsASingleProcessAtOnce) {
+  TempDir dir;
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    SlowSteps m(dir.path);
+    m.hang_at = 1;
+    m.hang_rank = 0;
+    Trainer t(TrainerOptions().accelerator("cpu").devices(1).max_epochs(1).default_root_dir(dir.path + "/run")
+                  .enable_progress_bar(false).enable_model_summary(false).logger(false));
+    try {
+      t.fit(m, rows(64));
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  ASSERT_TRUE(wait_for_lines(dir.path + "/stuck-0", 1, 120));
+  ::kill(pid, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  int status = 0;
+  EXPECT_EQ(::waitpid(pid, &status, WNOHANG), 0) << "the first SIGINT waits for the step to end";
+  const auto second = Clock::now();
+  ::kill(pid, SIGINT);
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - second).count(), 1.0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
 }

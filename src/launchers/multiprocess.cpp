@@ -372,6 +372,9 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   std::vector<Exit> exits(n);
   int64_t alive = n;
   bool forwarded = false;
+  bool hurried = false;
+  int forwarded_signal = 0;
+  bool killed_after_signal = false;  // SIGKILL sent to workers a stop signal did not end
   bool stopping = false;
   double stop_time = 0;  // when the parent began stopping the others
   auto stop_deadline = std::chrono::steady_clock::time_point::max();
@@ -390,8 +393,14 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
     }
     if (!forwarded && runtime::received_stop_signal() != 0) {
       forwarded = true;
+      forwarded_signal = runtime::received_stop_signal();
       for (int64_t i = 0; i < n; ++i)
-        if (!exits[i].done) ::kill(pids[i], runtime::received_stop_signal());
+        if (!exits[i].done) ::kill(pids[i], forwarded_signal);
+      stop_deadline = std::min(stop_deadline, std::chrono::steady_clock::now() + options_.stop_timeout);
+    }
+    if (forwarded && !hurried && runtime::stop_signal_count() > 1) {
+      hurried = true;  // asked twice: SIGKILL now
+      stop_deadline = std::chrono::steady_clock::now();
     }
     bool progressed = false;
     for (int64_t i = 0; i < n; ++i) {
@@ -421,7 +430,8 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
         stop_deadline = std::chrono::steady_clock::now() + options_.grace_period;
       }
     }
-    if (alive > 0 && std::chrono::steady_clock::now() > stop_deadline) {
+    if (alive > 0 && std::chrono::steady_clock::now() >= stop_deadline) {
+      killed_after_signal = forwarded;
       for (int64_t j = 0; j < n; ++j)
         if (!exits[j].done) ::kill(pids[j], SIGKILL);
       stop_deadline = std::chrono::steady_clock::time_point::max();
@@ -474,9 +484,14 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   });
   const Failure& first = failures.front();
   if (forwarded) {
-    const int sig = first.code > 128 ? first.code - 128 : SIGTERM;
-    throw WorkerFailure("job interrupted by " + signal_name(sig) + "; rank " + std::to_string(first.rank) + " " + first.how,
-                        static_cast<int>(first.rank), first.code);
+    std::string what = "job interrupted by " + signal_name(forwarded_signal) + "; rank " + std::to_string(first.rank) +
+                       " " + first.how;
+    if (killed_after_signal) {
+      what += hurried ? "; a second signal killed the workers still running"
+                      : "; the workers still running " + std::to_string(options_.stop_timeout.count()) +
+                            " ms after it (stop_timeout) were killed";
+    }
+    throw WorkerFailure(what, static_cast<int>(first.rank), 128 + forwarded_signal);
   }
   std::ostringstream report;
   const std::string elsewhere = several_nodes && first.priority == 1 ? failure_elsewhere(options_, index) : "";

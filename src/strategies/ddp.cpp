@@ -87,6 +87,7 @@ ParallelStrategy::ParallelStrategy(std::shared_ptr<Accelerator> accelerator, std
   lo.num_nodes = options_.num_nodes;
   lo.start_method = options_.start_method;
   lo.grace_period = options_.grace_period;
+  lo.stop_timeout = options_.stop_timeout;
   const auto env = detect_cluster_environment();
   const int64_t processes = lo.num_processes * options_.num_nodes;
   if (env->name() == "slurm" && env->world_size() != processes) {

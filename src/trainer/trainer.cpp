@@ -328,17 +328,15 @@ void TrainerImpl::training_batch(const Batch& batch, int64_t batch_idx) {
   for (auto& c : callbacks) c->on_train_batch_end(owner, *model, out, batch, batch_idx);
 }
 
-bool TrainerImpl::stop_requested(int64_t batch_idx, bool last) {
-  if (!options.handle_signals()) return false;
-  const bool local = runtime::received_stop_signal() != 0;
-  if (strategy->world_size() == 1) return local;
-  // Several processes must agree on the step, which costs a collective and a
-  // sync point; one every kStopCheckEvery batches (and at the epoch's last)
-  // is the same step on every rank and cost 1.3x in throughput when done
-  // every batch on the 2-process CNN benchmark.
-  constexpr int64_t kStopCheckEvery = 8;
-  if (!last && (batch_idx + 1) % kStopCheckEvery != 0) return false;
-  return strategy->reduce_boolean_decision(local, /*all=*/false);
+bool TrainerImpl::stop_requested(bool last) {
+  if (!train_poll) return false;
+  return train_poll->poll(runtime::received_stop_signal() != 0, last);
+}
+
+bool TrainerImpl::evaluation_stop_requested() {
+  if (!eval_poll || stage != Stage::kFit) return false;
+  stop_agreed = eval_poll->poll(runtime::received_stop_signal() != 0, false);
+  return stop_agreed;
 }
 
 Metrics TrainerImpl::evaluation_loop(Stage eval_stage, BatchSource& source, int64_t max_batches) {
@@ -366,7 +364,15 @@ Metrics TrainerImpl::evaluation_loop(Stage eval_stage, BatchSource& source, int6
         strategy->test_step(*batch, i);
         for (auto& c : callbacks) c->on_test_batch_end(owner, *model, i);
       }
+      if (evaluation_stop_requested()) break;
     }
+  }
+  if (stop_agreed) {
+    // Stopped by a signal part-way: no epoch end, so nothing (ModelCheckpoint,
+    // EarlyStopping) acts on a partial evaluation.
+    if (was_training) model->train();
+    results = std::move(saved);
+    return {};
   }
   if (is_val) {
     model->on_validation_epoch_end();
@@ -467,8 +473,8 @@ void TrainerImpl::fit_loop() {
     epoch_finished = false;
     for (auto& c : callbacks) c->on_train_epoch_start(owner, *model);
     model->on_train_epoch_start();
-    bool interrupted = false;
-    {
+    bool interrupted = stop_agreed;  // during the sanity check
+    if (!interrupted) {
       auto stream = train_source->open(epoch_batches_done);
       for (int64_t batch_idx = epoch_batches_done; batch_idx < num_training_batches; ++batch_idx) {
         auto batch = stream->next();
@@ -481,7 +487,7 @@ void TrainerImpl::fit_loop() {
                                ((batch_idx + 1) % val_every == 0 || (last && vci.is_fraction()));
         if (last) epoch_finished = true;
         if (check_val) evaluation_loop(Stage::kValidate, *val_source, val_batches);
-        if (stop_requested(batch_idx, last)) {
+        if (stop_agreed || stop_requested(last)) {
           interrupted = true;
           break;
         }
@@ -832,6 +838,9 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
   // registers its handlers: until then SIGTERM and SIGINT keep their default
   // action and end the worker at once, wherever it waits.
   std::optional<runtime::StopSignalGuard> signals;
+  train_poll.reset();
+  eval_poll.reset();
+  stop_agreed = false;
   runtime::apply_malloc_policy();
 
   strategy->setup_environment();
@@ -888,7 +897,21 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     epoch_batches_done = 0;
     accumulated = 0;
     if (!path.empty()) restore(path);
-    if (options.handle_signals()) signals.emplace();
+    if (options.handle_signals()) {
+      signals.emplace(is_fulgur_worker() ? runtime::SecondSignal::kRecorded : runtime::SecondSignal::kExits);
+      StopPoll::Agree agree;
+      if (strategy->world_size() > 1) {
+        agree = [this](bool local, double seconds) {
+          const at::Tensor t = strategy->reduce(torch::tensor({local ? 1.0 : 0.0, seconds}, torch::kFloat64), "max");
+          return std::make_pair(t[0].item<double>() > 0, t[1].item<double>());
+        };
+      }
+      // Agreements about a quarter of a second apart: a signal is acted on
+      // well within a second unless one batch takes longer than that.
+      constexpr std::chrono::milliseconds kStopAgreeEvery{250};
+      train_poll.emplace(agree, kStopAgreeEvery);
+      eval_poll.emplace(agree, kStopAgreeEvery);
+    }
     if (logger && strategy->is_global_zero()) logger->log_hyperparams(model->hparams());
     fit_loop();
   } else {

@@ -4,6 +4,7 @@
 #include <fulgur/trainer.h>
 
 #include "trainer/results.h"
+#include "trainer/stop_poll.h"
 
 #include <functional>
 #include <memory>
@@ -56,7 +57,9 @@ struct TrainerImpl {
   // score, and the log folder.
   void report_fit_end(const std::string& why) const;
   // Whether a stop signal (on any rank) ends training after this batch.
-  bool stop_requested(int64_t batch_idx, bool last);
+  bool stop_requested(bool last);
+  // The same in an evaluation loop run by fit; sets stop_agreed.
+  bool evaluation_stop_requested();
 
   // --- checkpoints ---
   Checkpoint dump_checkpoint();
@@ -90,6 +93,11 @@ struct TrainerImpl {
   bool epoch_finished = false;
   bool should_stop = false;
   bool sanity_checking = false;
+  // Set while fit handles stop signals: where the loops agree to stop, and
+  // whether an evaluation loop inside fit already agreed.
+  std::optional<StopPoll> train_poll;
+  std::optional<StopPoll> eval_poll;
+  bool stop_agreed = false;
   bool launched_once = false;
   bool in_training_step = false;
   int64_t num_training_batches = 0;

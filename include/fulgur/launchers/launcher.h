@@ -50,6 +50,11 @@ struct MultiProcessLauncherOptions {
   std::string start_method = "fork";
   // After the first failure: how long the others get between SIGTERM and SIGKILL.
   std::chrono::milliseconds grace_period{5000};
+  // After a stop signal (SIGTERM, SIGINT) forwarded to the workers: how long
+  // they get to finish their batch, save last.ckpt and exit before SIGKILL.
+  // A second signal to this process sends SIGKILL at once. Default 30 s, a
+  // scheduler's usual grace between SIGTERM and SIGKILL.
+  std::chrono::milliseconds stop_timeout{30000};
   // Rendezvous for several nodes (MASTER_ADDR, MASTER_PORT).
   std::string main_address = "127.0.0.1";
   int main_port = 0;

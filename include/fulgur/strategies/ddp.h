@@ -29,6 +29,9 @@ struct ParallelOptions {
   std::string start_method = "fork";
   // Between SIGTERM and SIGKILL when a worker fails.
   std::chrono::milliseconds grace_period{5000};
+  // After a stop signal: how long the workers get to save and exit (see
+  // MultiProcessLauncherOptions::stop_timeout).
+  std::chrono::milliseconds stop_timeout{30000};
   // process_dataloader shards DataLoaders and refuses other sources; false:
   // every loader is used as given (it must shard itself).
   bool use_distributed_sampler = true;
