@@ -27,19 +27,18 @@ test: build
 bench: build
 	bench/run.sh
 
-# Each libFuzzer target of fuzz/ for FUZZ_SECONDS, from its committed corpus
-# (new inputs go to $(FUZZ_BUILD)/corpus/, crashes to $(FUZZ_BUILD)/crashes/).
-FUZZ_BUILD   ?= build-fuzz
+# Each libFuzzer target of fuzz/ for FUZZ_SECONDS, from its committed corpus,
+# built in make test's tree (configured with FULGUR_FUZZ=ON; new inputs go to
+# $(BUILD)/fuzz-corpus/, crashes to $(BUILD)/fuzz-crashes/).
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS  = $(basename $(notdir $(wildcard fuzz/fuzz_*.cpp)))
-fuzz: deps
-	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ -DFULGUR_FUZZ=ON
-	cmake --build $(FUZZ_BUILD) -j $(JOBS) $(addprefix --target ,$(FUZZ_TARGETS))
+fuzz: configure
+	cmake --build $(BUILD) -j $(JOBS) $(addprefix --target ,$(FUZZ_TARGETS))
 	@for t in $(FUZZ_TARGETS); do \
-	  c=$${t#fuzz_}; mkdir -p $(FUZZ_BUILD)/corpus/$$c $(FUZZ_BUILD)/crashes; \
-	  $(FUZZ_BUILD)/fuzz/$$t $(FUZZ_BUILD)/corpus/$$c fuzz/corpus/$$c -max_total_time=$(FUZZ_SECONDS) \
-	    -malloc_limit_mb=64 -rss_limit_mb=2048 -artifact_prefix=$(FUZZ_BUILD)/crashes/$$t- || exit 1; \
+	  c=$${t#fuzz_}; mkdir -p $(BUILD)/fuzz-corpus/$$c $(BUILD)/fuzz-crashes; \
+	  $(BUILD)/fuzz/$$t $(BUILD)/fuzz-corpus/$$c fuzz/corpus/$$c -max_total_time=$(FUZZ_SECONDS) \
+	    -malloc_limit_mb=64 -rss_limit_mb=2048 -artifact_prefix=$(BUILD)/fuzz-crashes/$$t- || exit 1; \
 	done
 
 clean:
-	rm -rf $(BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD)
