@@ -81,7 +81,8 @@ class BenchCallback : public fulgur::Callback {
     }
     if (trainer.global_rank() == s_.fail_rank && step == s_.fail_step) {
       // The message names neither the rank nor the program: the fault table checks whether the
-      // framework's own report does.
+      // framework's own report does. The time of the fault goes to <out>.fault_unix first.
+      std::ofstream(s_.out + ".fault_unix") << std::fixed << std::setprecision(6) << unix_seconds() << "\n";
       throw std::runtime_error("injected fault at step " + std::to_string(s_.fail_step));
     }
     if (step == s_.warmup) {

@@ -65,6 +65,7 @@ def parse_args():
                    help="the interpreter of the bench environment (scripts/install-bench-env)")
     p.add_argument("--same-malloc", action="store_true",
                    help="also run the Python sides with fulgur's malloc policy (GLIBC_TUNABLES): *_same_malloc keys")
+    p.add_argument("--dump", help="also write every run's results to this JSON file")
     p.add_argument("--fault", action="store_true", help="the fault comparison: 2 processes, rank 1 raises at step 3")
     p.add_argument("--fault-timeout", type=float, default=120.0)
     p.add_argument("--lightning-rtol-ddp", type=float, default=1e-5)
@@ -311,6 +312,11 @@ def fault_table(runner):
             rc, took = None, time.time() - t0
             os.killpg(p.pid, signal.SIGTERM)
             text, _ = p.communicate()
+        try:
+            with open(out + ".fault_unix") as f:
+                after_fault = t0 + took - float(f.read())  # from the raise to the program's exit
+        except (OSError, ValueError):
+            after_fault = float("nan")
         time.sleep(1.0)
         left = session_processes(p.pid)
         if left:
@@ -321,14 +327,15 @@ def fault_table(runner):
         # The injected message itself names neither rank nor step owner: "injected fault at step 3".
         names_exc = "injected fault" in text
         names_rank = re.search(r"rank\W{0,3}1\b|rank 1\b|local_rank=1|ordinal\W{0,3}1\b", text, re.I) is not None
-        lines = [ln for ln in text.splitlines() if re.search(r"rank|injected|error|exception", ln, re.I)]
-        rows.append(dict(name=name, rc=rc, seconds=took, names_rank=names_rank, names_exc=names_exc,
+        lines = [ln for ln in text.splitlines() if re.search(r"injected|failed|Error:|exception", ln)]
+        lines = lines[:4] + [ln for ln in text.splitlines()[-3:] if ln not in lines[:4]]
+        rows.append(dict(name=name, rc=rc, seconds=took, after_fault=after_fault, names_rank=names_rank, names_exc=names_exc,
                          left=len(left), timeout=rc is None, lines=lines[:6]))
         end = "TIMEOUT (killed)" if rc is None else f"exit {rc}"
-        print(f"  {name:34s} {end:16s} {took:6.1f} s  names rank 1: {'yes' if names_rank else 'no'}  "
+        print(f"  {name:34s} {end:16s} {took:6.1f} s from start, {after_fault:6.1f} s after the fault  names rank 1: {'yes' if names_rank else 'no'}  "
               f"names the exception: {'yes' if names_exc else 'no'}  processes left: {len(left)}", flush=True)
-        for ln in lines[:6]:
-            print(f"      | {ln[:160]}")
+        for ln in lines:
+            print(f"      | {ln[:200]}")
     return rows
 
 
@@ -501,6 +508,14 @@ def main():
                 print(f"  rep {rep + 1} {model:7s} fulgur_ddp 2p {two:9.1f}/s  two independent 1p runs "
                       f"{ind[0]:.1f} + {ind[1]:.1f}/s  ratio {two / sum(ind):.2f}", flush=True)
 
+    if args.dump:
+        with open(args.dump, "w") as f:
+            json.dump({"sps": {"|".join(map(str, k)): v for k, v in sps.items()},
+                       "ratio": {"|".join(map(str, k)): v for k, v in ratio.items()},
+                       "startup": {"|".join(map(str, k)): v for k, v in startup.items()},
+                       "independent": independent,
+                       "recs": {"|".join(map(str, k)): v for k, v in recs.items()}}, f)
+
     # --- memory across epochs ------------------------------------------------------
     mem = {}
     if args.memory_epochs > 0:
@@ -607,10 +622,12 @@ def main():
     if args.fault:
         print()
         print("== fault: 2 processes, rank 1 raises at the end of step 3 (repeated from the start of the run)")
-        print(f"  {'system':34s} {'end':16s} {'time':>8s}  {'names rank':10s} {'names exc':9s} {'left':>4s}")
+        print(f"  {'system':34s} {'end':16s} {'from start':>10s} {'after fault':>11s}  {'names rank':10s} "
+              f"{'names exc':9s} {'left':>4s}")
         for r in faults:
             end = "TIMEOUT (killed)" if r["timeout"] else f"exit {r['rc']}"
-            print(f"  {r['name']:34s} {end:16s} {r['seconds']:6.1f} s  {'yes' if r['names_rank'] else 'no':10s} "
+            print(f"  {r['name']:34s} {end:16s} {r['seconds']:8.1f} s {r['after_fault']:9.1f} s  "
+                  f"{'yes' if r['names_rank'] else 'no':10s} "
                   f"{'yes' if r['names_exc'] else 'no':9s} {r['left']:4d}")
 
     print()
