@@ -132,6 +132,8 @@ class Bench(pl.Callback):
             loss.item()
             self.first_step_unix = time.time()
         if trainer.global_rank == ARGS.fail_rank and step == ARGS.fail_step:
+            with open(ARGS.out + ".fault_unix", "w") as f:
+                f.write(f"{time.time():.6f}\n")
             raise RuntimeError(f"injected fault at step {ARGS.fail_step}")
         if step == ARGS.warmup:
             loss.item()

@@ -12,6 +12,15 @@ sides of a pair back to back, in alternating order, and the figure reported is
 the median over repetitions of the per-repetition ratio (the 2 cores are shared
 with other work, so absolute times drift; paired ratios drift much less).
 
+With --lightning (make bench passes it), also against the peers of issue 17, in the
+bench environment (.venv/bench, scripts/install-bench-env; bench/lightning_reference.py):
+  fulgur DDPStrategy                  against  Lightning Trainer(strategy="ddp")
+  fulgur XLAStrategy                  against  Lightning on torch_xla (PJRT_DEVICE=CPU)
+equality first (rtol 1e-5 against DDP, 1e-4 against torch_xla; a row that differs or does
+not run gets no ratio), then samples/s, start-up to the first finished step, peak RSS
+and loss in the same paired repetitions. --same-malloc adds the Python sides again with
+fulgur's malloc policy (GLIBC_TUNABLES); --fault the fault table (rank 1 raises at step 3).
+
 Ends with a summary block, one figure per line as `name value`.
   bench/run.py                               # the full run (~15-25 minutes on a shared 2-core machine)
   bench/run.py --reps 1 --steps-scale 0.5    # a quick look
