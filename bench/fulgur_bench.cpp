@@ -24,6 +24,8 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <iomanip>
+#include <stdexcept>
 #include <sstream>
 #include <string>
 
@@ -34,6 +36,7 @@ using Clock = std::chrono::steady_clock;
 struct Settings {
   std::string model = "mlp", accelerator = "cpu", data_dir = "data", init_dir, out;
   int64_t devices = 1, threads = 0, batch_size = 0, warmup = 10, steps = 100, num_workers = 0, train_samples = 0;
+  int64_t fail_rank = -1, fail_step = 3;
   uint64_t seed = 0;
   bool raw_allreduce = false;
   bool handle_signals = true;
@@ -70,6 +73,18 @@ class BenchCallback : public fulgur::Callback {
   void on_train_batch_end(fulgur::Trainer& trainer, fulgur::LightningModule&, const fulgur::StepOutput& out,
                           const fulgur::Batch&, int64_t) override {
     const int64_t step = trainer.global_step();
+    if (step == 1) {
+      // Wall-clock time at the end of the first step, work done: the driver
+      // subtracts the time it started this program (start-up to first step).
+      sync(out);
+      first_step_unix_ = unix_seconds();
+    }
+    if (trainer.global_rank() == s_.fail_rank && step == s_.fail_step) {
+      // The message names neither the rank nor the program: the fault table checks whether the
+      // framework's own report does. The time of the fault goes to <out>.fault_unix first.
+      std::ofstream(s_.out + ".fault_unix") << std::fixed << std::setprecision(6) << unix_seconds() << "\n";
+      throw std::runtime_error("injected fault at step " + std::to_string(s_.fail_step));
+    }
     if (step == s_.warmup) {
       sync(out);
       start_ = Clock::now();
@@ -99,10 +114,13 @@ class BenchCallback : public fulgur::Callback {
        << ", \"samples_per_s\": " << static_cast<double>(s_.batch_size * world * s_.steps) / seconds_
        << ", \"step_seconds\": " << seconds_ / static_cast<double>(s_.steps) << ", \"final_loss\": " << final_loss_
        << ", \"sync_seconds_per_step\": " << sync_total_ / static_cast<double>(s_.steps)
-       << ", \"peak_rss_mb\": " << status_mb("VmHWM:") << ", \"rss_mb_by_epoch\": [";
+       << ", \"peak_rss_mb\": " << status_mb("VmHWM:") << ", \"first_step_unix\": " << std::fixed << std::setprecision(6) << first_step_unix_
+       << std::defaultfloat << std::setprecision(10)
+       << ", \"rss_mb_by_epoch\": [";
     for (size_t i = 0; i < rss_by_epoch_.size(); ++i) js << (i ? ", " : "") << rss_by_epoch_[i];
     js << "]";
     if (s_.accelerator == "xla") {
+      js << ", \"xla_backend\": \"" << fulgur::xla::backend().name() << "\"";
       js << ", \"graphs_compiled\": " << fulgur::xla::metrics().graphs_compiled - graphs_before_
          << ", \"graph_execute_seconds_per_step\": " << execute_total_ / static_cast<double>(s_.steps);
     }
@@ -116,6 +134,10 @@ class BenchCallback : public fulgur::Callback {
   double sync(const fulgur::StepOutput& out) {
     if (s_.accelerator == "xla") fulgur::xla::mark_step();
     return out.loss().item<double>();
+  }
+
+  static double unix_seconds() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   }
 
   // Time spent in step marks that found their graph compiled (running it).
@@ -172,7 +194,7 @@ class BenchCallback : public fulgur::Callback {
   std::vector<double> rss_by_epoch_;
   int64_t graphs_before_ = 0;
   double seconds_ = 0.0, final_loss_ = 0.0, sync_start_ = 0.0, sync_total_ = 0.0;
-  double execute_start_ = 0.0, execute_total_ = 0.0;
+  double execute_start_ = 0.0, execute_total_ = 0.0, first_step_unix_ = 0.0;
 };
 
 std::shared_ptr<fulgur::Dataset> train_dataset(const Settings& s, int64_t* vocab_size) {
@@ -215,7 +237,7 @@ void run(Settings s) {
   const bool xla = s.accelerator == "xla";
   opts.accelerator(s.accelerator).devices(s.devices).strategy(xla ? (s.devices > 1 ? "xla" : "single_xla") : "ddp");
   opts.max_steps(s.warmup + s.steps).max_epochs(-1).num_sanity_val_steps(0);
-  opts.enable_checkpointing(false).enable_progress_bar(false).logger(false).handle_signals(s.handle_signals);
+  opts.enable_checkpointing(false).enable_progress_bar(false).enable_model_summary(false).logger(false).handle_signals(s.handle_signals);
   opts.callbacks({std::make_shared<BenchCallback>(s)});
   fulgur::Trainer trainer(opts);
   trainer.fit(*model, loader);
@@ -240,6 +262,8 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", s.data_dir, "holds mnist/ and kjv.txt");
   app.add_option("--init-dir", s.init_dir, "initial weights <init-dir>/<model>.pt (reference.py --mode init)")->required();
   app.add_option("--out", s.out, "result prefix: <out>_<model>.<rank>.json")->required();
+  app.add_option("--fail-rank", s.fail_rank, "fault injection: this rank throws at the end of step --fail-step (-1: none)");
+  app.add_option("--fail-step", s.fail_step, "the global step after which --fail-rank throws");
   app.add_flag("--raw-allreduce", s.raw_allreduce, "also time a raw all-reduce of the gradient bytes");
   app.add_flag("!--no-signal-check", s.handle_signals,
                "TrainerOptions::handle_signals(false): no per-step stop-signal decision (an all-reduce on several processes)");

@@ -12,6 +12,15 @@ sides of a pair back to back, in alternating order, and the figure reported is
 the median over repetitions of the per-repetition ratio (the 2 cores are shared
 with other work, so absolute times drift; paired ratios drift much less).
 
+With --lightning (make bench passes it), also against the peers of issue 17, in the
+bench environment (.venv/bench, scripts/install-bench-env; bench/lightning_reference.py):
+  fulgur DDPStrategy                  against  Lightning Trainer(strategy="ddp")
+  fulgur XLAStrategy                  against  Lightning on torch_xla (PJRT_DEVICE=CPU)
+equality first (rtol 1e-5 against DDP, 1e-4 against torch_xla; a row that differs or does
+not run gets no ratio), then samples/s, start-up to the first finished step, peak RSS
+and loss in the same paired repetitions. --same-malloc adds the Python sides again with
+fulgur's malloc policy (GLIBC_TUNABLES); --fault the fault table (rank 1 raises at step 3).
+
 Ends with a summary block, one figure per line as `name value`.
   bench/run.py                               # the full run (~15-25 minutes on a shared 2-core machine)
   bench/run.py --reps 1 --steps-scale 0.5    # a quick look
@@ -34,6 +43,13 @@ STEPS = {"mlp": 100, "cnn": 30, "charlm": 15}
 WARMUP = {"mlp": 20, "cnn": 10, "charlm": 6}
 BAR_EAGER = {"mlp": 1.5, "cnn": 1.15, "charlm": 1.15}
 BAR_LAZY = 1.3
+BAR_LIGHTNING_DDP = {"mlp": 1.5, "cnn": 1.5, "charlm": 1.1}
+BAR_LIGHTNING_XLA = 1.5
+BAR_STARTUP = 0.5
+# fulgur's allocator policy (src/runtime/memory.{h,cpp}: mallopt M_MMAP_THRESHOLD 512 MiB,
+# M_TRIM_THRESHOLD 1 GiB) as a Python user sets it: the *_same_malloc sides.
+SAME_MALLOC = "glibc.malloc.mmap_threshold=536870912:glibc.malloc.trim_threshold=1073741824"
+SM = "_same_malloc"
 
 
 def parse_args():
@@ -52,6 +68,17 @@ def parse_args():
     p.add_argument("--skip-lazy", action="store_true")
     p.add_argument("--memory-epochs", type=int, default=4, help="epochs of the memory-growth run (0: skip)")
     p.add_argument("--keep", action="store_true", help="keep the work folder")
+    p.add_argument("--lightning", action="store_true",
+                   help="also run the peers of issue 17: Lightning DDP and Lightning on torch_xla (bench venv)")
+    p.add_argument("--bench-python", default=os.path.join(ROOT, ".venv", "bench", "bin", "python"),
+                   help="the interpreter of the bench environment (scripts/install-bench-env)")
+    p.add_argument("--same-malloc", action="store_true",
+                   help="also run the Python sides with fulgur's malloc policy (GLIBC_TUNABLES): *_same_malloc keys")
+    p.add_argument("--dump", help="also write every run's results to this JSON file")
+    p.add_argument("--fault", action="store_true", help="the fault comparison: 2 processes, rank 1 raises at step 3")
+    p.add_argument("--fault-timeout", type=float, default=120.0)
+    p.add_argument("--lightning-rtol-ddp", type=float, default=1e-5)
+    p.add_argument("--lightning-rtol-xla", type=float, default=1e-4)
     return p.parse_args()
 
 
@@ -75,21 +102,49 @@ class Runner:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
         return env
 
+    def timed_call(self, cmd, env):
+        """call(), returning the wall-clock time it was started (for the start-up figure)."""
+        t = time.time()
+        self.call(cmd, env)
+        return t
+
+    def lightning(self, mode, model, nproc, warmup, steps, threads=0, same_malloc=False):
+        """Runs bench/lightning_reference.py (one model, a fresh process). Returns per-rank results,
+        each with startup_seconds: from launching the program to the end of the first step."""
+        self.n += 1
+        out = os.path.join(self.work, f"r{self.n}")
+        t = threads or max(1, self.cores // nproc)
+        env = self.env(nproc, t)
+        if same_malloc:
+            env["GLIBC_TUNABLES"] = SAME_MALLOC
+        t0 = self.timed_call([self.args.bench_python, os.path.join(ROOT, "bench", "lightning_reference.py"),
+                              "--mode", mode, "--model", model, "--nproc", str(nproc), "--warmup", str(warmup),
+                              "--steps", str(steps), "--data-dir", self.args.data_dir, "--init-dir", self.work,
+                              "--out", out, "--threads", str(t)], env)
+        res = self.load(f"{out}_{mode}_{model}", nproc)
+        first = max(r["first_step_unix"] for r in res)
+        for r in res:
+            r["startup_seconds"] = first - t0
+        return res
+
     def call(self, cmd, env):
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
         if proc.returncode != 0:
             raise SystemExit(f"run.py: {' '.join(cmd)}\nexited with {proc.returncode}:\n{proc.stdout[-4000:]}")
 
-    def python(self, modes, models, nproc, warmup, steps, threads=0, extra=()):
+    def python(self, modes, models, nproc, warmup, steps, threads=0, extra=(), same_malloc=False):
         """Runs the references: every mode and model in one Python process.
         Returns {(mode, model): per-rank results}."""
         self.n += 1
         out = os.path.join(self.work, f"r{self.n}")
         t = threads or max(1, self.cores // nproc)
+        env = self.env(nproc, t)
+        if same_malloc:
+            env["GLIBC_TUNABLES"] = SAME_MALLOC
         self.call([self.args.python, os.path.join(ROOT, "bench", "reference.py"), "--mode", ",".join(modes),
                    "--model", ",".join(models), "--nproc", str(nproc),
                    "--warmup", str(warmup), "--steps", str(steps), "--data-dir", self.args.data_dir,
-                   "--init-dir", self.work, "--out", out, "--threads", str(t)] + list(extra), self.env(nproc, t))
+                   "--init-dir", self.work, "--out", out, "--threads", str(t)] + list(extra), env)
         return {(mode, model): self.load(f"{out}_{mode}_{model}", nproc) for mode in modes for model in models}
 
     def fulgur(self, side, models, nproc, warmup, steps, threads=0, extra=()):
@@ -97,17 +152,42 @@ class Runner:
         self.n += 1
         out = os.path.join(self.work, f"r{self.n}")
         t = threads or max(1, self.cores // nproc)
-        self.call([self.args.bin, "--accelerator", "cpu" if side == "ddp" else "xla", "--devices", str(nproc),
-                   "--model", ",".join(models), "--warmup", str(warmup), "--steps", str(steps),
-                   "--data-dir", self.args.data_dir, "--init-dir", self.work, "--out", out, "--threads", str(t)]
-                  + list(extra), self.env(nproc, t))
-        return {model: self.load(f"{out}_{model}", nproc) for model in models}
+        t0 = self.timed_call([self.args.bin, "--accelerator", "cpu" if side == "ddp" else "xla", "--devices",
+                              str(nproc), "--model", ",".join(models), "--warmup", str(warmup), "--steps", str(steps),
+                              "--data-dir", self.args.data_dir, "--init-dir", self.work, "--out", out, "--threads",
+                              str(t)] + list(extra), self.env(nproc, t))
+        got = {model: self.load(f"{out}_{model}", nproc) for model in models}
+        first = max(r["first_step_unix"] for r in got[models[0]])
+        for r in got[models[0]]:
+            r["startup_seconds"] = first - t0  # meaningful for the first model of the list only
+        return got
+
+    def fulgur_independent(self, model, warmup, steps):
+        """Two independent 1-process, 1-thread fulgur runs started at the same time: their samples/s."""
+        procs, outs = [], []
+        for _ in range(2):
+            self.n += 1
+            out = os.path.join(self.work, f"r{self.n}")
+            outs.append(out)
+            procs.append(subprocess.Popen(
+                [self.args.bin, "--accelerator", "cpu", "--devices", "1", "--model", model, "--warmup", str(warmup),
+                 "--steps", str(steps), "--data-dir", self.args.data_dir, "--init-dir", self.work, "--out", out,
+                 "--threads", "1"], env=self.env(1, 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        for p in procs:
+            text, _ = p.communicate(timeout=1800)
+            if p.returncode != 0:
+                raise SystemExit(f"run.py: an independent fulgur run exited with {p.returncode}:\n{text[-4000:]}")
+        return [self.load(f"{out}_{model}", 1)[0]["samples_per_s"] for out in outs]
 
     def run(self, side, model, nproc, warmup, steps, threads=0, extra=()):
         """Runs one side; returns the list of per-rank result dicts."""
-        if side in ("ddp", "xla"):
-            return self.fulgur(side, [model], nproc, warmup, steps, threads, extra)[model]
-        return self.python([side], [model], nproc, warmup, steps, threads, extra)[(side, model)]
+        same_malloc = side.endswith(SM)
+        base = side[:-len(SM)] if same_malloc else side
+        if base in ("ddp", "xla"):
+            return self.fulgur(base, [model], nproc, warmup, steps, threads, extra)[model]
+        if base in ("lightning_ddp", "lightning_xla"):
+            return self.lightning(base[len("lightning_"):], model, nproc, warmup, steps, threads, same_malloc)
+        return self.python([base], [model], nproc, warmup, steps, threads, extra, same_malloc)[(base, model)]
 
     @staticmethod
     def load(prefix, nproc):
@@ -145,6 +225,203 @@ def equality(runner, models, procs, steps, rtol, pairs):
     return ok
 
 
+def lightning_equality(runner, models, procs, steps, lightning_pairs):
+    """fulgur against Lightning: the per-rank loss after `steps` steps from the same weights and
+    data order. Returns {(lightning side, model, nproc): agreed}; a row that does not agree gets
+    no ratio, and the line says why (the losses, the sampler and strategy Lightning used)."""
+    rtol = {"lightning_ddp": runner.args.lightning_rtol_ddp, "lightning_xla": runner.args.lightning_rtol_xla}
+    ok = {}
+    failed = {}  # (lightning side, nproc) -> the model it failed on
+    print(f"== equality against Lightning: loss after {steps} steps, same initial weights and data order "
+          f"(rtol {rtol['lightning_ddp']:g} DDP, {rtol['lightning_xla']:g} torch_xla)")
+    for nproc in procs:
+        ours_res = {ours: runner.fulgur(ours, models, nproc, 1, steps - 1) for ours, _ in lightning_pairs}
+        for model in models:
+            for ours, ref in lightning_pairs:
+                if (ref, nproc) in failed:
+                    ok[(ref, model, nproc)] = False
+                    print(f"  {model:7s} {nproc}p  {ref}: not run, it failed on {failed[(ref, nproc)]} the same way "
+                          "before; no ratio for this row")
+                    continue
+                try:
+                    b = runner.run(ref, model, nproc, 1, steps - 1)
+                except SystemExit as e:
+                    ok[(ref, model, nproc)] = False
+                    failed[(ref, nproc)] = model
+                    lines = [ln for ln in str(e).splitlines() if not ln.startswith(" ")]
+                    print(f"  {model:7s} {nproc}p  {ref}: did not run; no ratio for this row. Its output ends:\n    "
+                          + "\n    ".join(lines[-12:]))
+                    continue
+                a = ours_res[ours][model]
+                good_all = len(a) == len(b)
+                by_rank = {r["rank"]: r for r in b}
+                for ra in a:
+                    rb = by_rank.get(ra["rank"])
+                    if rb is None:
+                        good_all = False
+                        print(f"  {model:7s} {nproc}p rank {ra['rank']}  {ref}: no result for this rank")
+                        continue
+                    la, lb = ra["final_loss"], rb["final_loss"]
+                    rel = abs(la - lb) / max(abs(lb), 1e-12)
+                    good = rel <= rtol[ref]
+                    good_all &= good
+                    why = "" if good else (f"  DIFFERENT: no ratio for this row (Lightning: {rb.get('strategy')}, "
+                                           f"sampler {rb.get('sampler')}, torch {rb['versions']['torch']})")
+                    print(f"  {model:7s} {nproc}p rank {ra['rank']}  fulgur_{ours} {la:.7f}  {ref} {lb:.7f}"
+                          f"  rel {rel:.1e}  {'ok' if good else ''}{why}", flush=True)
+                ok[(ref, model, nproc)] = good_all
+    return ok
+
+
+def session_processes(sid):
+    """Processes still alive in session `sid` (the fault runs start their own session)."""
+    left = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            left.append(f"{d} {cmd[:80]}")
+    return left
+
+
+def fault_table(runner):
+    """2 processes, rank 1 raises at the end of step 3: how each system ends, within a timeout."""
+    import re
+    import signal
+    args = runner.args
+    model = "mlp"
+    rows = []
+    cmds = [("fulgur DDPStrategy (cpu)", [args.bin, "--accelerator", "cpu"], "fulgur"),
+            ("fulgur XLAStrategy (xla)", [args.bin, "--accelerator", "xla"], "fulgur")]
+    if args.lightning:
+        script = os.path.join(ROOT, "bench", "lightning_reference.py")
+        cmds += [("Lightning DDPStrategy", [args.bench_python, script, "--mode", "ddp"], "lightning"),
+                 ("Lightning XLAStrategy (torch_xla)", [args.bench_python, script, "--mode", "xla"], "lightning")]
+    print(f"== fault: 2 processes, rank 1 raises at the end of step 3 ({model}); timeout {args.fault_timeout:.0f} s")
+    for name, base, kind in cmds:
+        runner.n += 1
+        out = os.path.join(runner.work, f"r{runner.n}")
+        cmd = base + (["--devices", "2"] if kind == "fulgur" else ["--nproc", "2"]) + [
+            "--model", model, "--warmup", "200", "--steps", "100", "--data-dir", args.data_dir,
+            "--init-dir", runner.work, "--out", out, "--threads", "1", "--fail-rank", "1", "--fail-step", "3"]
+        t0 = time.time()
+        p = subprocess.Popen(cmd, env=runner.env(2, 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+        try:
+            text, _ = p.communicate(timeout=args.fault_timeout)
+            rc, took = p.returncode, time.time() - t0
+        except subprocess.TimeoutExpired:
+            rc, took = None, time.time() - t0
+            os.killpg(p.pid, signal.SIGTERM)
+            text, _ = p.communicate()
+        try:
+            with open(out + ".fault_unix") as f:
+                after_fault = t0 + took - float(f.read())  # from the raise to the program's exit
+        except (OSError, ValueError):
+            after_fault = float("nan")
+        time.sleep(1.0)
+        left = session_processes(p.pid)
+        if left:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        # The injected message itself names neither rank nor step owner: "injected fault at step 3".
+        names_exc = "injected fault" in text
+        names_rank = re.search(r"rank\W{0,3}1\b|rank 1\b|local_rank=1|ordinal\W{0,3}1\b", text, re.I) is not None
+        lines = [ln for ln in text.splitlines() if re.search(r"injected|failed|Error:|exception", ln)]
+        lines = lines[:4] + [ln for ln in text.splitlines()[-3:] if ln not in lines[:4]]
+        rows.append(dict(name=name, rc=rc, seconds=took, after_fault=after_fault, names_rank=names_rank, names_exc=names_exc,
+                         left=len(left), timeout=rc is None, lines=lines[:6]))
+        end = "TIMEOUT (killed)" if rc is None else f"exit {rc}"
+        print(f"  {name:34s} {end:16s} {took:6.1f} s from start, {after_fault:6.1f} s after the fault  names rank 1: {'yes' if names_rank else 'no'}  "
+              f"names the exception: {'yes' if names_exc else 'no'}  processes left: {len(left)}", flush=True)
+        for ln in lines:
+            print(f"      | {ln[:200]}")
+    return rows
+
+
+def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lightning_ok, summary):
+    print()
+    print(f"== against Lightning (issue 17): samples/s end to end (median of {args.reps} paired repetitions; "
+          "ratio = median of per-rep ratios)")
+    print(f"  {'model':7s} {'procs':>5s}  {'pair':44s} {'fulgur/s':>10s} {'peer/s':>10s} {'ratio':>6s} {'bar':>5s}")
+    for model in models:
+        for nproc in procs:
+            t = max(1, runner.cores // nproc)
+            for ours, ref, bar in (("ddp", "lightning_ddp", BAR_LIGHTNING_DDP[model]),
+                                   ("xla", "lightning_xla", BAR_LIGHTNING_XLA)):
+                if args.skip_lazy and ours == "xla":
+                    continue
+                if not lightning_ok.get((ref, model, nproc)):
+                    print(f"  {model:7s} {nproc:5d}  fulgur_{ours} / {ref:30s} no ratio: the losses did not agree "
+                          "or Lightning did not run (see the equality section)")
+                    continue
+                r = median(ratio[(ours, ref, model, nproc)])
+                print(f"  {model:7s} {nproc:5d}  {'fulgur_' + ours + ' / ' + ref:44s} "
+                      f"{median(sps[(ours, model, nproc, t)]):10.1f} {median(sps[(ref, model, nproc, t)]):10.1f} "
+                      f"{r:6.2f} {bar:5.2f} {'met' if r >= bar else 'NOT MET'}")
+                summary[f"speedup_vs_{ref}_{nproc}proc_{model}"] = r
+    if args.same_malloc:
+        print()
+        print("== the same with fulgur's malloc policy on the Python side too "
+              f"(GLIBC_TUNABLES={SAME_MALLOC})")
+        for model in models:
+            for nproc in procs:
+                t = max(1, runner.cores // nproc)
+                for (ours, ref), name in ((("ddp", "eager"), "python_ddp"), (("xla", "lazy"), "python_lazy"),
+                                          (("ddp", "lightning_ddp"), "lightning_ddp"),
+                                          (("xla", "lightning_xla"), "lightning_xla")):
+                    key = (ours, ref + SM, model, nproc)
+                    if key not in ratio:
+                        continue
+                    r = median(ratio[key])
+                    print(f"  {model:7s} {nproc:5d}  {'fulgur_' + ours + ' / ' + ref + SM:44s} "
+                          f"{median(sps[(ours, model, nproc, t)]):10.1f} {median(sps[(ref + SM, model, nproc, t)]):10.1f} "
+                          f"{r:6.2f}")
+                    summary[f"speedup_vs_{name}_{nproc}proc_{model}_same_malloc"] = r
+    print()
+    print("== start-up: from launching the program to the end of the first step (process start, spawn, data,")
+    print("   compile), seconds, medians; ratio = median of per-rep fulgur/Lightning, 2 processes; bar 0.5")
+    for model in models:
+        for nproc in procs:
+            t = max(1, runner.cores // nproc)
+            for ours, ref in (("ddp", "lightning_ddp"), ("xla", "lightning_xla")):
+                if (ref, model, nproc, t) not in recs:
+                    continue
+                a = median([res[0]["startup_seconds"] for res in recs[(ours, model, nproc, t)]])
+                b = median([res[0]["startup_seconds"] for res in recs[(ref, model, nproc, t)]])
+                line = f"  {model:7s} {nproc}p  fulgur_{ours} {a:6.2f} s  {ref} {b:6.2f} s"
+                if nproc == 2 and (ours, ref, model) in startup:
+                    r = median(startup[(ours, ref, model)])
+                    line += f"  ratio {r:.3f} {'met' if r <= BAR_STARTUP else 'NOT MET'}"
+                    summary[f"startup_vs_{ref}_2proc_{model}"] = r
+                print(line)
+    print()
+    print("== peak resident memory per worker (MiB; max over ranks, median over repetitions) and the loss after")
+    print("   the same steps (rank 0, last repetition)")
+    for model in models:
+        for nproc in procs:
+            t = max(1, runner.cores // nproc)
+            cells = []
+            for side in ("ddp", "lightning_ddp", "xla", "lightning_xla", "eager", "lazy"):
+                if (side, model, nproc, t) not in recs:
+                    continue
+                rss = median([max(r["peak_rss_mb"] for r in res) for res in recs[(side, model, nproc, t)]])
+                loss = recs[(side, model, nproc, t)][-1][0]["final_loss"]
+                cells.append(f"{side} {rss:6.1f} MiB loss {loss:.5f}")
+            print(f"  {model:7s} {nproc}p  " + "; ".join(cells))
+    print("   (torch_xla on CPU runs its CPU_NUM_DEVICES devices as threads of one process: its 2-device figure is")
+    print("    one process's peak)")
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -166,13 +443,22 @@ def main():
     if not equality(runner, models, procs, eq_steps, args.rtol, pairs):
         print("run.py: the two sides computed different losses; no ratios reported")
         return 1
+    lightning_pairs = [("ddp", "lightning_ddp")] + ([] if args.skip_lazy else [("xla", "lightning_xla")])
+    lightning_ok = {}
+    if args.lightning:
+        lightning_ok = lightning_equality(runner, models, procs, eq_steps, lightning_pairs)
     if args.equality_only:
-        print("equality: ok")
+        print("equality: ok" if all(lightning_ok.values()) else "equality: ok against the plain references; "
+              "see above for Lightning")
         return 0
+    if args.fault:
+        faults = fault_table(runner)
 
     # --- throughput: alternate the two sides of each pair -----------------------
     sps = {}    # (side, model, nproc, threads) -> [samples/s per rep]
-    ratio = {}  # (pair, model, nproc) -> [ratio per rep]
+    ratio = {}  # (ours, ref, model, nproc) -> [ratio per rep]
+    startup = {}  # (ours, ref, model) -> [fulgur's start-up over Lightning's, 2 processes, per rep]
+    independent = {}  # model -> [fulgur 2-process samples/s over two independent 1-process runs]
     recs = {}   # (side, model, nproc, threads) -> [per-rank results of every rep]
 
     def record(side, model, nproc, threads, res):
@@ -181,24 +467,63 @@ def main():
         recs.setdefault(key, []).append(res)
         return res[0]["samples_per_s"]
 
+    # Every pair of a cell shares the cell's fulgur run; the sides of a cell run one after
+    # the other, in the reverse order every second repetition.
+    def cell_pairs(model, nproc):
+        out = list(pairs)
+        for ours, ref in lightning_pairs:
+            if lightning_ok.get((ref, model, nproc)):
+                out.append((ours, ref))
+        if args.same_malloc:
+            out += [(ours, ref + SM) for ours, ref in list(out)]
+        return out
+
     for rep in range(args.reps):
         for model in models:
             steps = max(2, int(STEPS[model] * args.steps_scale))
             warm = WARMUP[model]
             for nproc in procs:
                 t = max(1, runner.cores // nproc)
-                for ours, ref in pairs:
-                    order = [ours, ref] if rep % 2 == 0 else [ref, ours]
-                    got = {}
-                    for side in order:
-                        extra = ["--raw-allreduce"] if side in ("ddp", "eager") and nproc > 1 else []
-                        got[side] = record(side, model, nproc, t, runner.run(side, model, nproc, warm, steps, t, extra))
-                    ratio.setdefault((ours, model, nproc), []).append(got[ours] / got[ref])
+                cps = cell_pairs(model, nproc)
+                order = []
+                for ours in ("ddp", "xla"):
+                    for o, ref in cps:
+                        if o == ours:
+                            order += [x for x in (o, ref) if x not in order]
+                if rep % 2:
+                    order.reverse()
+                got = {}
+                for side in order:
+                    extra = ["--raw-allreduce"] if side in ("ddp", "eager") and nproc > 1 else []
+                    res = runner.run(side, model, nproc, warm, steps, t, extra)
+                    got[side] = record(side, model, nproc, t, res)
+                for ours, ref in cps:
+                    ratio.setdefault((ours, ref, model, nproc), []).append(got[ours] / got[ref])
                     print(f"  rep {rep + 1} {model:7s} {nproc}p  fulgur_{ours} {got[ours]:9.1f}/s  "
-                          f"python_{ref} {got[ref]:9.1f}/s  ratio {got[ours] / got[ref]:.2f}", flush=True)
+                          f"{ref:26s} {got[ref]:9.1f}/s  ratio {got[ours] / got[ref]:.2f}", flush=True)
+                if nproc == 2:
+                    for ours, ref in cps:
+                        if ref.startswith("lightning") and not ref.endswith(SM):
+                            a = recs[(ours, model, 2, t)][-1][0]["startup_seconds"]
+                            b = recs[(ref, model, 2, t)][-1][0]["startup_seconds"]
+                            startup.setdefault((ours, ref, model), []).append(a / b)
             if 1 in procs and 2 in procs:
                 # Scaling: 1 process with one thread, against the 2-process run above.
                 record("ddp", model, 1, 1, runner.run("ddp", model, 1, warm, steps, 1))
+                # ... and two independent 1-process runs started together (the machine's own limit).
+                ind = runner.fulgur_independent(model, warm, steps)
+                two = sps[("ddp", model, 2, 1)][-1]
+                independent.setdefault(model, []).append(two / sum(ind))
+                print(f"  rep {rep + 1} {model:7s} fulgur_ddp 2p {two:9.1f}/s  two independent 1p runs "
+                      f"{ind[0]:.1f} + {ind[1]:.1f}/s  ratio {two / sum(ind):.2f}", flush=True)
+
+    if args.dump:
+        with open(args.dump, "w") as f:
+            json.dump({"sps": {"|".join(map(str, k)): v for k, v in sps.items()},
+                       "ratio": {"|".join(map(str, k)): v for k, v in ratio.items()},
+                       "startup": {"|".join(map(str, k)): v for k, v in startup.items()},
+                       "independent": independent,
+                       "recs": {"|".join(map(str, k)): v for k, v in recs.items()}}, f)
 
     # --- memory across epochs ------------------------------------------------------
     mem = {}
@@ -220,7 +545,7 @@ def main():
         for nproc in procs:
             t = max(1, runner.cores // nproc)
             for ours, ref in pairs:
-                r = median(ratio[(ours, model, nproc)])
+                r = median(ratio[(ours, ref, model, nproc)])
                 bar = BAR_EAGER[model] if ours == "ddp" else BAR_LAZY
                 print(f"  {model:7s} {nproc:5d}  {'fulgur_' + ours + ' / python_' + ref:22s} "
                       f"{median(sps[(ours, model, nproc, t)]):10.1f} {median(sps[(ref, model, nproc, t)]):10.1f} "
@@ -286,6 +611,33 @@ def main():
     for side, per_rank in mem.items():
         print(f"  cnn fulgur_{side} resident memory at each epoch end (MiB), per rank: "
               + "; ".join(" ".join(f"{v:.1f}" for v in ranks) for ranks in per_rank))
+
+    if args.lightning:
+        lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lightning_ok, summary)
+    if independent:
+        print()
+        print("== scaling against the machine's own limit: fulgur DDP 2 processes x 1 thread, over two independent")
+        print("   1-process 1-thread runs started at the same time (samples/s; median of per-rep ratios; bar 0.95)")
+        for model, xs in independent.items():
+            r = median(xs)
+            print(f"  {model:7s} {r:.3f}  (per rep: {' '.join(f'{x:.2f}' for x in xs)})  "
+                  f"{'met' if r >= 0.95 else 'NOT MET'}")
+            summary[f"scaling_vs_independent_2proc_{model}"] = r
+    backends = sorted({r.get("xla_backend", "?") for (s_, m, n, t), v in recs.items() if s_ == "xla"
+                       for res in v for r in res})
+    if backends:
+        print(f"fulgur's xla side ran on the backend(s): {', '.join(backends)} "
+              f"(FULGUR_XLA_BACKEND={os.environ.get('FULGUR_XLA_BACKEND', '<unset>')})")
+    if args.fault:
+        print()
+        print("== fault: 2 processes, rank 1 raises at the end of step 3 (repeated from the start of the run)")
+        print(f"  {'system':34s} {'end':16s} {'from start':>10s} {'after fault':>11s}  {'names rank':10s} "
+              f"{'names exc':9s} {'left':>4s}")
+        for r in faults:
+            end = "TIMEOUT (killed)" if r["timeout"] else f"exit {r['rc']}"
+            print(f"  {r['name']:34s} {end:16s} {r['seconds']:8.1f} s {r['after_fault']:9.1f} s  "
+                  f"{'yes' if r['names_rank'] else 'no':10s} "
+                  f"{'yes' if r['names_exc'] else 'no':9s} {r['left']:4d}")
 
     print()
     print(f"total time {time.time() - t_start:.0f} s")
