@@ -66,7 +66,8 @@ struct TrainerOptions {
   TORCH_ARG(std::string, strategy) = "auto";
   // A configured strategy object; overrides `strategy`, `accelerator`, `devices`.
   TORCH_ARG(std::shared_ptr<Strategy>, strategy_object) = nullptr;
-  // "32-true" or "bf16-true".
+  // "32-true", "bf16-true", or "bf16-mixed" (CPU autocast to bfloat16 with
+  // float32 weights; not on xla). See plugins/precision/precision.h.
   TORCH_ARG(std::string, precision) = "32-true";
   TORCH_ARG(int64_t, num_nodes) = 1;
   // -1: no limit. Unset: 1000 unless max_steps is set (Lightning's rule).
