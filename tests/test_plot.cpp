@@ -76,7 +76,7 @@ TEST(Plot, DrawsEachColumnOfARunIntoAPngOfTheAskedSize) {
       run(fulgur::testing::program("fulgur-plot") + " " + trainer.log_dir() + " -o " + png + " --size 640x480", &status);
   ASSERT_EQ(status, 0) << out;
   std::map<std::string, int> drawn;
-  const std::regex line(R"(fulgur-plot: drew (\S+) \((\d+) points\) in panel (\S+))");
+  const std::regex line(R"(fulgur-plot: drew (\S+) \((\d+) points?\) in panel (\S+))");
   for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it) {
     drawn[(*it)[1]] = std::stoi((*it)[2]);
     EXPECT_EQ((*it)[3], "loss") << "train_loss and val_loss share the panel 'loss'";

@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     script << "set title " << quoted(panel) << "\nplot ";
     for (size_t i = 0; i < series.size(); ++i) {
       const bool one_point = points[series[i]].size() == 1;
-      script << (i ? ", " : "") << block_of[series[i]] << " using 1:2 with " << (one_point ? "points" : "linespoints")
+      script << (i ? ", " : "") << block_of[series[i]] << " using 1:2 with " << (one_point ? "points pointtype 7 pointsize 1.5" : "linespoints")
              << " title " << quoted(series[i]);
     }
     script << "\n";
@@ -145,7 +145,8 @@ int main(int argc, char** argv) {
   }
   for (const auto& [panel, series] : panels)
     for (const auto& name : series)
-      std::cout << "fulgur-plot: drew " << name << " (" << points[name].size() << " points) in panel " << panel << "\n";
+      std::cout << "fulgur-plot: drew " << name << " (" << points[name].size()
+                << (points[name].size() == 1 ? " point" : " points") << ") in panel " << panel << "\n";
   std::cout << "fulgur-plot: wrote " << output << " (" << width << "x" << height << ")\n";
   return 0;
 }
