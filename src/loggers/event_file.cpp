@@ -11,11 +11,11 @@
 #include <stdexcept>
 
 namespace fulgur::detail {
-namespace {
-
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
+
+namespace {
 
 std::string host_name() {
   char buf[256] = {};

@@ -19,6 +19,9 @@ struct SummaryValue {
   std::string plugin_content;  // serialized plugin message
 };
 
+// Seconds since the Unix epoch, as Event.wall_time holds them.
+double now_seconds();
+
 // Writes one event file. Not thread safe.
 class EventFile {
  public:

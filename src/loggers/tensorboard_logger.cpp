@@ -4,7 +4,6 @@
 #include "loggers/next_version.h"
 #include "loggers/protobuf_writer.h"
 
-#include <chrono>
 #include <filesystem>
 #include <sstream>
 
@@ -74,11 +73,9 @@ std::string plugin_data(int field, const std::string& message) {
   return data.str();
 }
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace
+
+using detail::now_seconds;
 
 TensorBoardLogger::TensorBoardLogger(TensorBoardLoggerOptions options) : options_(std::move(options)) {}
 
