@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   app.add_option("--accelerator", accelerator, "cpu, xla or auto");
   app.add_option("--devices", devices, "auto, a count, or indices like 0,1");
   app.add_option("--strategy", strategy, "auto, single_device, ddp, xla, xla_debug");
-  app.add_option("--precision", precision, "32-true or bf16-true");
+  app.add_option("--precision", precision, "32-true, bf16-true or bf16-mixed (cpu)");
   if (const char* nodes = std::getenv("NUM_NODES"); nodes && *nodes) num_nodes = std::atoll(nodes);
   app.add_option("--num-nodes", num_nodes, "machines in the job (default: $NUM_NODES, else 1)");
   app.add_option("--max-epochs", max_epochs);

@@ -17,6 +17,7 @@
 #include <fulgur/distributed/collectives.h>
 #include <fulgur/lightning_module.h>
 #include <fulgur/loggers/csv_logger.h>
+#include <fulgur/loggers/tensorboard_logger.h>
 #include <fulgur/strategies/ddp.h>
 #include <fulgur/strategies/registry.h>
 #include <fulgur/strategies/strategy.h>

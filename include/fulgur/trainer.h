@@ -66,7 +66,8 @@ struct TrainerOptions {
   TORCH_ARG(std::string, strategy) = "auto";
   // A configured strategy object; overrides `strategy`, `accelerator`, `devices`.
   TORCH_ARG(std::shared_ptr<Strategy>, strategy_object) = nullptr;
-  // "32-true" or "bf16-true".
+  // "32-true", "bf16-true", or "bf16-mixed" (CPU autocast to bfloat16 with
+  // float32 weights; not on xla). See plugins/precision/precision.h.
   TORCH_ARG(std::string, precision) = "32-true";
   TORCH_ARG(int64_t, num_nodes) = 1;
   // -1: no limit. Unset: 1000 unless max_steps is set (Lightning's rule).
@@ -93,9 +94,15 @@ struct TrainerOptions {
   TORCH_ARG(bool, enable_checkpointing) = true;
   // Add a ModelSummary (rank 0 prints the model's table at fit start) if none is given.
   TORCH_ARG(bool, enable_model_summary) = true;
-  // false: no logger. With true and no `logger_object`: a CSVLogger.
+  // false: no logger. With true and no `logger_object` or `loggers`: a CSVLogger.
   TORCH_ARG(bool, logger) = true;
   TORCH_ARG(std::shared_ptr<Logger>, logger_object) = nullptr;
+  // Several loggers at once (Lightning's logger=[...]); set this or
+  // logger_object, not both. Rank 0 gives each every logged metric and the
+  // hparams. The first one's log_dir is Trainer::log_dir() and holds the
+  // checkpoints. Their versions are resolved before any of them writes, so
+  // loggers on the same root_dir and name share one version_<N> folder.
+  TORCH_ARG(std::vector<std::shared_ptr<Logger>>, loggers) = {};
   TORCH_ARG(std::vector<std::shared_ptr<Callback>>, callbacks) = {};
   // seed_everything(seed) on every rank before setup. The weights a module
   // draws in its constructor come earlier: call fulgur::seed_everything first
@@ -169,8 +176,10 @@ class Trainer {
   // The latest value of every logged metric (epoch aggregates once the epoch ended).
   const Metrics& callback_metrics() const;
   const Metrics& progress_bar_metrics() const;
+  // The first logger (nullptr without one), and all of them.
   const std::shared_ptr<Logger>& logger() const;
-  // <log_dir> of the logger, or default_root_dir without one.
+  const std::vector<std::shared_ptr<Logger>>& loggers() const;
+  // <log_dir> of the first logger, or default_root_dir without one.
   std::string log_dir() const;
   const std::vector<std::shared_ptr<Callback>>& callbacks() const;
   // The first ModelCheckpoint callback, or nullptr.

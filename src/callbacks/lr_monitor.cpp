@@ -27,7 +27,7 @@ LearningRateMonitor::LearningRateMonitor(std::string logging_interval) : interva
 }
 
 void LearningRateMonitor::log_lrs(Trainer& trainer) {
-  if (!trainer.is_global_zero() || !trainer.logger()) return;
+  if (!trainer.is_global_zero() || trainer.loggers().empty()) return;
   const auto& cfg = trainer.optimizer_config();
   std::map<std::string, double> row;
   std::map<std::string, int> seen;
@@ -41,7 +41,8 @@ void LearningRateMonitor::log_lrs(Trainer& trainer) {
       row[groups.size() > 1 ? name + "/pg" + std::to_string(g + 1) : name] = groups[g].options().get_lr();
     }
   }
-  if (!row.empty()) trainer.logger()->log_metrics(row, trainer.global_step());
+  if (row.empty()) return;
+  for (const auto& l : trainer.loggers()) l->log_metrics(row, trainer.global_step());
 }
 
 void LearningRateMonitor::on_train_batch_end(Trainer& trainer, LightningModule&, const StepOutput&, const Batch&, int64_t) {

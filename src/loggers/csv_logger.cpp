@@ -1,5 +1,7 @@
 #include <fulgur/loggers/csv_logger.h>
 
+#include "loggers/next_version.h"
+
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -69,22 +71,7 @@ CSVLogger::CSVLogger(std::string root_dir, std::string name, std::optional<int64
     : CSVLogger(CSVLoggerOptions(std::move(root_dir)).name(std::move(name)).version(version)) {}
 
 std::string CSVLogger::version() {
-  if (!options_.version()) {
-    int64_t next = 0;
-    std::error_code ec;
-    const fs::path dir = fs::path(options_.root_dir()) / options_.name();
-    if (fs::is_directory(dir, ec)) {
-      for (const auto& e : fs::directory_iterator(dir, ec)) {
-        const std::string n = e.path().filename().string();
-        if (n.rfind("version_", 0) != 0) continue;
-        try {
-          next = std::max<int64_t>(next, std::stoll(n.substr(8)) + 1);
-        } catch (...) {
-        }
-      }
-    }
-    options_.version(next);
-  }
+  if (!options_.version()) options_.version(detail::next_version((fs::path(options_.root_dir()) / options_.name()).string()));
   return std::to_string(*options_.version());
 }
 

@@ -2,6 +2,7 @@
 
 #include "optim/fused_adam.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <stdexcept>
@@ -9,17 +10,47 @@
 namespace fulgur {
 
 std::string validate_precision(const std::string& name) {
-  if (name == "32-true" || name == "32" || name == "bf16-true") return name == "32" ? "32-true" : name;
+  if (name == "32") return "32-true";
+  if (name == "bf16") return "bf16-mixed";
+  if (name == "32-true" || name == "bf16-true" || name == "bf16-mixed") return name;
   std::string why;
-  if (name == "16-true" || name == "16-mixed" || name == "16") {
-    why = " (half precision has no matmul kernels on the CPU in libtorch 1.13; use bf16-true)";
+  if (name == "16-mixed" || name == "16") {
+    why = " (float16 autocast needs a GPU, as in Lightning, and fulgur runs on the CPU and xla; for mixed "
+          "precision on the CPU use \"bf16-mixed\")";
+  } else if (name == "16-true") {
+    why = " (half precision has no matmul kernels on the CPU in libtorch 1.13; use \"bf16-true\")";
   }
-  throw std::invalid_argument("precision '" + name + "' is not supported; valid: \"32-true\", \"bf16-true\"" + why);
+  throw std::invalid_argument("precision '" + name + "' is not supported; valid: \"32-true\", \"bf16-mixed\", \"bf16-true\"" +
+                              why);
 }
 
 Precision::Precision(std::string name) : name_(validate_precision(name)) {}
 
 c10::ScalarType Precision::dtype() const { return name_ == "bf16-true" ? torch::kBFloat16 : torch::kFloat32; }
+
+std::optional<c10::ScalarType> Precision::autocast_dtype() const {
+  if (name_ == "bf16-mixed") return torch::kBFloat16;
+  return std::nullopt;
+}
+
+ForwardContext::ForwardContext(const Precision& precision) {
+  const auto dtype = precision.autocast_dtype();
+  if (!dtype) return;
+  active_ = true;
+  was_enabled_ = at::autocast::is_cpu_enabled();
+  previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
+  at::autocast::set_cpu_enabled(true);
+  at::autocast::set_autocast_cpu_dtype(*dtype);
+  at::autocast::increment_nesting();
+}
+
+ForwardContext::~ForwardContext() {
+  if (!active_) return;
+  // The outermost context drops the cached bfloat16 copies of the weights, as torch.autocast does.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_cpu_enabled(was_enabled_);
+  at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+}
 
 void Precision::convert_module(torch::nn::Module& module) const {
   if (dtype() == torch::kFloat32) return;

@@ -77,21 +77,25 @@ void Strategy::teardown() {
 void Strategy::on_train_batch_start(const Batch&, int64_t) {}
 
 StepOutput Strategy::training_step(const Batch& batch, int64_t batch_idx) {
+  ForwardContext context(precision());
   return model_->training_step(precision().convert_input(batch), batch_idx);
 }
 
 StepOutput Strategy::validation_step(const Batch& batch, int64_t batch_idx) {
   torch::NoGradGuard no_grad;
+  ForwardContext context(precision());
   return model_->validation_step(precision().convert_input(batch), batch_idx);
 }
 
 StepOutput Strategy::test_step(const Batch& batch, int64_t batch_idx) {
   torch::NoGradGuard no_grad;
+  ForwardContext context(precision());
   return model_->test_step(precision().convert_input(batch), batch_idx);
 }
 
 at::Tensor Strategy::predict_step(const Batch& batch, int64_t batch_idx) {
   torch::NoGradGuard no_grad;
+  ForwardContext context(precision());
   return model_->predict_step(precision().convert_input(batch), batch_idx);
 }
 

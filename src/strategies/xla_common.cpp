@@ -30,6 +30,11 @@ std::shared_ptr<Precision> xla_precision(std::shared_ptr<Precision> precision, c
     throw std::invalid_argument(std::string(who) + ": precision plugin must be an XLAPrecision, got a plain Precision ('" +
                                 precision->name() + "')");
   }
+  if (precision->autocast_dtype()) {
+    throw std::invalid_argument(std::string(who) + ": precision '" + precision->name() +
+                                "' is CPU autocast, which does not reach xla devices; valid there: \"32-true\", "
+                                "\"bf16-true\" (or use accelerator \"cpu\")");
+  }
   return precision;
 }
 

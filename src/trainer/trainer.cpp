@@ -5,6 +5,7 @@
 #include <fulgur/checkpoint.h>
 #include <fulgur/data/device_loader.h>
 #include <fulgur/loggers/csv_logger.h>
+#include <fulgur/loggers/tensorboard_logger.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
 #include <fulgur/strategies/ddp.h>
 #include <fulgur/strategies/registry.h>
@@ -189,8 +190,14 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
     require(keys.insert(c->state_key()).second,
             "callbacks: two callbacks share the state key '" + c->state_key() + "'; give them different settings");
   }
+  require(!options.logger_object() || options.loggers().empty(),
+          "logger_object and loggers are both set; put the logger_object into loggers (the first one's log_dir holds "
+          "the checkpoints)");
+  for (const auto& l : options.loggers()) require(l != nullptr, "loggers: a logger is null");
   if (options.logger() && !dev_run) {
-    logger = options.logger_object() ? options.logger_object() : std::make_shared<CSVLogger>(options.default_root_dir());
+    loggers = options.loggers();
+    if (options.logger_object()) loggers.push_back(options.logger_object());
+    if (loggers.empty()) loggers.push_back(std::make_shared<CSVLogger>(options.default_root_dir()));
   }
 }
 
@@ -222,11 +229,13 @@ void TrainerImpl::log_step_metrics(bool force) {
     for_logger.emplace(k, v);
   }
   const bool due = global_step % options.log_every_n_steps() == 0 || force;
-  if (!logger || !strategy->is_global_zero() || for_logger.empty() || !due || global_step == last_logged_step) return;
+  if (loggers.empty() || !strategy->is_global_zero() || for_logger.empty() || !due || global_step == last_logged_step) {
+    return;
+  }
   last_logged_step = global_step;
   auto row = to_doubles(for_logger);
   row["epoch"] = static_cast<double>(current_epoch);
-  logger->log_metrics(row, global_step);
+  for (auto& l : loggers) l->log_metrics(row, global_step);
 }
 
 void TrainerImpl::log_epoch_metrics(const std::map<std::string, ResultCollection::Logged>& values,
@@ -238,9 +247,9 @@ void TrainerImpl::log_epoch_metrics(const std::map<std::string, ResultCollection
     if (ev.prog_bar) progress_bar_metrics[k] = v;
     if (ev.logger) row[k] = v;
   }
-  if (logger && strategy->is_global_zero() && !row.empty()) {
+  if (strategy->is_global_zero() && !row.empty()) {
     row["epoch"] = static_cast<double>(current_epoch);
-    logger->log_metrics(row, step);
+    for (auto& l : loggers) l->log_metrics(row, step);
   }
 }
 
@@ -503,7 +512,8 @@ void TrainerImpl::fit_loop() {
       runtime::log_rank_zero(runtime::LogLevel::kWarning, "stopping at step " + std::to_string(global_step) +
                                                               " on signal " + std::to_string(sig ? sig : SIGTERM) +
                                                               "; checkpoint saved to " + path);
-      if (logger && strategy->is_global_zero()) logger->finalize("interrupted");
+      if (strategy->is_global_zero())
+        for (auto& l : loggers) l->finalize("interrupted");
       report_fit_end("signal " + std::to_string(sig ? sig : SIGTERM) + " (" + signal_name(sig ? sig : SIGTERM) +
                      "); last checkpoint " + path);
       throw WorkerFailure("interrupted by signal " + std::to_string(sig ? sig : SIGTERM) + " at step " +
@@ -523,9 +533,11 @@ void TrainerImpl::fit_loop() {
   }
   model->on_fit_end();
   for (auto& c : callbacks) c->on_fit_end(owner, *model);
-  if (logger && strategy->is_global_zero()) {
-    logger->save();
-    logger->finalize("success");
+  if (strategy->is_global_zero()) {
+    for (auto& l : loggers) {
+      l->save();
+      l->finalize("success");
+    }
   }
   report_fit_end(fit_stop_reason());
 }
@@ -568,7 +580,9 @@ void TrainerImpl::report_fit_end(const std::string& why) const {
   } else {
     runtime::log_rank_zero(LogLevel::kInfo, "no checkpoints (enable_checkpointing is off)");
   }
-  runtime::log_rank_zero(LogLevel::kInfo, logger ? "logs: " + logger->log_dir() : "no logs (logger is off)");
+  std::string dirs;
+  for (const auto& l : loggers) dirs += (dirs.empty() ? "" : ", ") + l->log_dir();
+  runtime::log_rank_zero(LogLevel::kInfo, loggers.empty() ? "no logs (logger is off)" : "logs: " + dirs);
 }
 
 Checkpoint TrainerImpl::dump_checkpoint() {
@@ -786,7 +800,11 @@ c10::IValue TrainerImpl::make_result(const std::vector<at::Tensor>& preds) {
   r.insert("current_epoch", current_epoch);
   r.insert("global_step", global_step);
   r.insert("callbacks", callback_states());
-  if (logger && strategy->is_global_zero()) r.insert("logger_version", logger->version());
+  if (strategy->is_global_zero()) {
+    c10::List<std::string> versions;
+    for (const auto& l : loggers) versions.push_back(l->version());
+    r.insert("logger_versions", versions);
+  }
   c10::List<at::Tensor> p;
   for (const auto& t : preds) p.push_back(t);
   r.insert("predictions", p);
@@ -817,8 +835,13 @@ void TrainerImpl::apply_result(const c10::IValue& value) {
   if (r.contains("checkpoint")) {
     final_checkpoint = c10::impl::toTypedDict<std::string, c10::IValue>(r.at("checkpoint").toGenericDict());
   }
-  if (auto* csv = dynamic_cast<CSVLogger*>(logger.get()); csv && r.contains("logger_version")) {
-    csv->set_version(std::stoll(r.at("logger_version").toStringRef()));
+  if (r.contains("logger_versions")) {
+    const auto versions = r.at("logger_versions").toList();
+    for (size_t i = 0; i < loggers.size() && i < versions.size(); ++i) {
+      const int64_t v = std::stoll(versions.get(i).toStringRef());
+      if (auto* csv = dynamic_cast<CSVLogger*>(loggers[i].get())) csv->set_version(v);
+      if (auto* tb = dynamic_cast<TensorBoardLogger*>(loggers[i].get())) tb->set_version(v);
+    }
   }
 }
 
@@ -855,10 +878,12 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     TrainerImpl* self;
     int exceptions = std::uncaught_exceptions();
     ~FinalizeOnFailure() {
-      if (std::uncaught_exceptions() <= exceptions || !self->logger || !self->strategy->is_global_zero()) return;
-      try {
-        self->logger->finalize("failed");
-      } catch (...) {
+      if (std::uncaught_exceptions() <= exceptions || !self->strategy->is_global_zero()) return;
+      for (auto& l : self->loggers) {
+        try {
+          l->finalize("failed");
+        } catch (...) {
+        }
       }
     }
   } finalize_on_failure{this};
@@ -878,6 +903,9 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     }
   }
   strategy->setup(owner);
+  // Every version before any logger writes: loggers on one root_dir and name share version_<N>.
+  if (strategy->is_global_zero())
+    for (auto& l : loggers) l->version();
   scheduler_counts.assign(strategy->optimizer_config().schedulers.size(), 0);
   results.reset();
   pending_callback_metrics.clear();
@@ -912,7 +940,8 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
       train_poll.emplace(agree, kStopAgreeEvery);
       eval_poll.emplace(agree, kStopAgreeEvery);
     }
-    if (logger && strategy->is_global_zero()) logger->log_hyperparams(model->hparams());
+    if (strategy->is_global_zero())
+      for (auto& l : loggers) l->log_hyperparams(model->hparams());
     fit_loop();
   } else {
     if (!data.eval) {
@@ -931,7 +960,8 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     } else {
       auto metrics = evaluation_loop(run_stage, *source, n);
       for (const auto& [k, v] : metrics) callback_metrics[k] = v;
-      if (logger && strategy->is_global_zero()) logger->save();
+      if (strategy->is_global_zero())
+        for (auto& l : loggers) l->save();
     }
   }
   return make_result(predictions);
@@ -1053,10 +1083,15 @@ const Metrics& Trainer::progress_bar_metrics() const {
   return impl_->progress_bar_metrics;
 }
 
-const std::shared_ptr<Logger>& Trainer::logger() const { return impl_->logger; }
+const std::shared_ptr<Logger>& Trainer::logger() const {
+  static const std::shared_ptr<Logger> none;
+  return impl_->loggers.empty() ? none : impl_->loggers.front();
+}
+
+const std::vector<std::shared_ptr<Logger>>& Trainer::loggers() const { return impl_->loggers; }
 
 std::string Trainer::log_dir() const {
-  if (impl_->logger) return impl_->logger->log_dir();
+  if (!impl_->loggers.empty()) return impl_->loggers.front()->log_dir();
   return impl_->options.default_root_dir();
 }
 

@@ -80,7 +80,8 @@ struct TrainerImpl {
   TrainerOptions options;
   std::shared_ptr<Strategy> strategy;
   std::vector<std::shared_ptr<Callback>> callbacks;
-  std::shared_ptr<Logger> logger;
+  // Rank 0 calls each, in order; empty with logger(false) or fast_dev_run.
+  std::vector<std::shared_ptr<Logger>> loggers;
   int64_t max_epochs = 1000;
   int64_t limit_overrides = 0;  // fast_dev_run batches, 0 = off
 

@@ -65,8 +65,9 @@ class Strategy {
 
   // --- Steps -------------------------------------------------------------------
   virtual void on_train_batch_start(const Batch& batch, int64_t batch_idx);
+  // Each step: the precision's input conversion, in its ForwardContext (CPU
+  // autocast for bf16-mixed). The evaluation steps also without gradient recording.
   virtual StepOutput training_step(const Batch& batch, int64_t batch_idx);
-  // Without gradient recording, under the precision's conversion.
   virtual StepOutput validation_step(const Batch& batch, int64_t batch_idx);
   virtual StepOutput test_step(const Batch& batch, int64_t batch_idx);
   virtual at::Tensor predict_step(const Batch& batch, int64_t batch_idx);
