@@ -25,16 +25,19 @@ namespace {
 
 constexpr const char* kTempMarker = ".tmp-";
 
-[[noreturn]] void fail_errno(const std::string& what, const std::string& path) {
-  throw std::runtime_error("checkpoint: " + what + " " + path + ": " + std::strerror(errno));
+// A save of `target` that failed at `step` (with errno set): the file at
+// `target`, if any, is still the one from before.
+[[noreturn]] void fail_save(const std::string& target, const std::string& step) {
+  throw std::runtime_error("checkpoint: cannot save " + target + ": " + step + " failed: " + std::strerror(errno) +
+                           "; " + target + " is unchanged");
 }
 
-void write_all(int fd, const char* data, size_t size, const std::string& path) {
+void write_all(int fd, const char* data, size_t size, const std::string& target, const std::string& tmp) {
   while (size > 0) {
     const ssize_t n = ::write(fd, data, size);
     if (n < 0) {
       if (errno == EINTR) continue;
-      fail_errno("cannot write", path);
+      fail_save(target, "writing its temporary " + tmp);
     }
     data += n;
     size -= static_cast<size_t>(n);
@@ -82,10 +85,10 @@ void TorchCheckpointIO::save_checkpoint(const Checkpoint& checkpoint, const std:
   const fs::path tmp = dir / ("." + target.filename().string() + kTempMarker + std::to_string(::getpid()) + "-" +
                               std::to_string(rd()));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) fail_errno("cannot create", tmp.string());
+  if (fd < 0) fail_save(path, "creating its temporary " + tmp.string());
   try {
-    write_all(fd, bytes.data(), bytes.size(), tmp.string());
-    if (::fsync(fd) != 0) fail_errno("cannot fsync", tmp.string());
+    write_all(fd, bytes.data(), bytes.size(), path, tmp.string());
+    if (::fsync(fd) != 0) fail_save(path, "fsync of its temporary " + tmp.string());
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());
@@ -96,7 +99,7 @@ void TorchCheckpointIO::save_checkpoint(const Checkpoint& checkpoint, const std:
     const int err = errno;
     ::unlink(tmp.c_str());
     errno = err;
-    fail_errno("cannot rename " + tmp.string() + " to", path);
+    fail_save(path, "renaming its temporary " + tmp.string() + " to it");
   }
   fsync_dir(dir);
 }
