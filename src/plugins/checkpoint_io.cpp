@@ -1,5 +1,6 @@
 #include <fulgur/plugins/io/checkpoint_io.h>
 
+#include "serialize/tensor_tree.h"
 #include "serialize/torch_archive.h"
 
 #include <fulgur/serialization_error.h>
@@ -54,25 +55,7 @@ void fsync_dir(const fs::path& dir) {
 }  // namespace
 
 c10::IValue to_cpu(const c10::IValue& value) {
-  if (value.isTensor()) return value.toTensor().to(torch::kCPU);
-  if (value.isGenericDict()) {
-    auto in = value.toGenericDict();
-    c10::impl::GenericDict out(in.keyType(), in.valueType());
-    for (const auto& kv : in) out.insert(kv.key(), to_cpu(kv.value()));
-    return out;
-  }
-  if (value.isList()) {
-    auto in = value.toList();
-    c10::impl::GenericList out(in.elementType());
-    for (const auto& v : in) out.push_back(to_cpu(v));
-    return out;
-  }
-  if (value.isTuple()) {
-    std::vector<c10::IValue> items;
-    for (const auto& v : value.toTupleRef().elements()) items.push_back(to_cpu(v));
-    return c10::ivalue::Tuple::create(std::move(items));
-  }
-  return value;
+  return detail::map_tensors(value, [](const at::Tensor& t) { return t.to(torch::kCPU); });
 }
 
 void TorchCheckpointIO::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,

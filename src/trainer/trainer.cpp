@@ -338,7 +338,7 @@ bool TrainerImpl::stop_requested(int64_t batch_idx, bool last) {
   // every batch on the 2-process CNN benchmark.
   constexpr int64_t kStopCheckEvery = 8;
   if (!last && (batch_idx + 1) % kStopCheckEvery != 0) return false;
-  return strategy->reduce_boolean_decision(local, /*all=*/false);
+  return strategy->reduce_boolean_decision(local, DecisionRule::kAny);
 }
 
 Metrics TrainerImpl::evaluation_loop(Stage eval_stage, BatchSource& source, int64_t max_batches) {
