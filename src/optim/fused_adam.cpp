@@ -1,7 +1,7 @@
 #include "optim/fused_adam.h"
 
 #include "runtime/plain_tensor.h"
-#include "trainer/optim_state.h"
+#include "optim/optim_state.h"
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>

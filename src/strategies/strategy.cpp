@@ -2,7 +2,7 @@
 #include <fulgur/trainer.h>
 
 #include <fulgur/distributed/collectives.h>
-#include "trainer/optim_state.h"
+#include "optim/optim_state.h"
 #include "trainer/trainer_impl.h"
 #include "strategies/xla_common.h"
 #include <fulgur/xla/backend.h>

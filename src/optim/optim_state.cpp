@@ -1,4 +1,4 @@
-#include "trainer/optim_state.h"
+#include "optim/optim_state.h"
 
 #include "serialize/torch_archive.h"
 
