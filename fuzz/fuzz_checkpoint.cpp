@@ -5,7 +5,7 @@
 // crash, a sanitizer report or an allocation larger than the input is a bug.
 
 #include "serialize/torch_archive.h"
-#include "trainer/optim_state.h"
+#include "optim/optim_state.h"
 
 #include <fulgur/checkpoint.h>
 

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -98,6 +99,38 @@ std::vector<RankResult> run_ranks(int world, const std::function<void(Collective
     out[r].error = ss.str();
   }
   return out;
+}
+
+FaultyCheckpointIO::FaultyCheckpointIO(std::shared_ptr<CheckpointIO> inner, int fail_at, WriteFault fault)
+    : inner_(std::move(inner)), fail_at_(fail_at), fault_(fault) {
+  if (!inner_) throw std::invalid_argument("FaultyCheckpointIO: inner is null; pass the CheckpointIO to wrap");
+  if (fail_at_ < 1) throw std::invalid_argument("FaultyCheckpointIO: fail_at=" + std::to_string(fail_at_) + " must be >= 1");
+}
+
+void FaultyCheckpointIO::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
+                                         const StorageOptions& storage_options) {
+  if (++saves_ != fail_at_) return inner_->save_checkpoint(checkpoint, path, storage_options);
+  if (fault_ == WriteFault::kRefused) {
+    throw std::runtime_error("FaultyCheckpointIO: save " + std::to_string(saves_) + " (" + path + ") refused by the test");
+  }
+  // The limit and the signal's action are the process's: restored on every path out.
+  struct rlimit old_limit {};
+  if (::getrlimit(RLIMIT_FSIZE, &old_limit) != 0) throw std::runtime_error("FaultyCheckpointIO: getrlimit failed");
+  struct sigaction ignore {}, old_action {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGXFSZ, &ignore, &old_action);
+  struct Restore {
+    struct rlimit limit;
+    struct sigaction action;
+    ~Restore() {
+      ::setrlimit(RLIMIT_FSIZE, &limit);
+      ::sigaction(SIGXFSZ, &action, nullptr);
+    }
+  } restore{old_limit, old_action};
+  struct rlimit full = old_limit;
+  full.rlim_cur = static_cast<rlim_t>(kBytesBeforeFull);
+  if (::setrlimit(RLIMIT_FSIZE, &full) != 0) throw std::runtime_error("FaultyCheckpointIO: setrlimit failed");
+  inner_->save_checkpoint(checkpoint, path, storage_options);
 }
 
 TinyRegression::TinyRegression(double lr_in, int64_t in) : LightningModule("TinyRegression"), lr(lr_in) {

@@ -41,6 +41,40 @@ struct RankResult {
 std::vector<RankResult> run_ranks(int world, const std::function<void(Collectives&)>& fn, int timeout_s = 60,
                                   std::chrono::milliseconds collective_timeout = std::chrono::milliseconds(20000));
 
+// How FaultyCheckpointIO's failing save fails.
+enum class WriteFault {
+  // It throws std::runtime_error before anything is written, as an IO that
+  // refuses the path would.
+  kRefused,
+  // The inner IO's own write fails part way through the file, as on a full
+  // disk: the process's file size limit (RLIMIT_FSIZE, with SIGXFSZ ignored)
+  // is `FaultyCheckpointIO::kBytesBeforeFull` bytes during that save, so write(2)
+  // returns EFBIG once the file reaches it.
+  kDiskFull,
+};
+
+// A CheckpointIO that passes every call to `inner`, except that its
+// `fail_at`-th save (1-based, counted in this process) fails as `fault`
+// says; the saves after it pass again. As leveldb's test Env, which fails
+// the k-th write of a database.
+class FaultyCheckpointIO : public CheckpointIO {
+ public:
+  static constexpr int64_t kBytesBeforeFull = 512;
+  FaultyCheckpointIO(std::shared_ptr<CheckpointIO> inner, int fail_at, WriteFault fault);
+  void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
+                       const StorageOptions& storage_options = {}) override;
+  Checkpoint load_checkpoint(const std::string& path) override { return inner_->load_checkpoint(path); }
+  void remove_checkpoint(const std::string& path) override { inner_->remove_checkpoint(path); }
+  // Saves asked for so far in this process, the failed one included.
+  int saves() const { return saves_; }
+
+ private:
+  std::shared_ptr<CheckpointIO> inner_;
+  int fail_at_;
+  WriteFault fault_;
+  int saves_ = 0;
+};
+
 // A linear regression module on random data: deterministic and fast.
 struct TinyRegression : LightningModule {
   explicit TinyRegression(double lr = 0.1, int64_t in = 8);

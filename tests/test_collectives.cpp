@@ -340,3 +340,28 @@ TEST(BucketReducer, ParameterUnusedInTheLastMicroBatchKeepsItsAccumulatedGradien
     require(torch::allclose(b.grad(), torch::full({2}, 15.0)), "b.grad = 15, got " + std::to_string(b.grad()[0].item<double>()));
   }));
 }
+
+// XLAStrategy's step reducer on three ranks: rank r's gradients are r + 1,
+// and a parameter without a gradient counts as zeros. A 16-byte buffer cap
+// makes two buffers (filled in reverse order): `unused` and `b` (2 floats
+// each) share one, `a` (3) has its own.
+// Disabled (accumulating), finalize leaves the local gradients alone.
+TEST(StepReducer, GradientsBecomeTheMeanOverRanksAndMissingOnesCountAsZero) {
+  expect_all_ok(run_ranks(3, [](Collectives& c) {
+    const double r = static_cast<double>(c.rank()) + 1.0;
+    auto a = torch::zeros({3}, torch::requires_grad());
+    auto b = torch::zeros({2}, torch::requires_grad());
+    auto unused = torch::zeros({2}, torch::requires_grad());
+    auto reducer = fulgur::detail::make_step_reducer({a, b, unused}, std::shared_ptr<Collectives>(&c, [](Collectives*) {}), 16);
+    ((a * r).sum() + (b * (10.0 * r)).sum()).backward();
+    reducer->set_enabled(false);
+    reducer->finalize();
+    require(torch::allclose(a.grad(), torch::full({3}, r)), "disabled: a.grad stays r");
+    reducer->set_enabled(true);
+    reducer->finalize();
+    // r = 1, 2, 3: a = mean(1, 2, 3) = 2, b = mean(10, 20, 30) = 20, unused = 0.
+    require(torch::allclose(a.grad(), torch::full({3}, 2.0)), "a.grad = 2, got " + std::to_string(a.grad()[0].item<double>()));
+    require(torch::allclose(b.grad(), torch::full({2}, 20.0)), "b.grad = 20, got " + std::to_string(b.grad()[0].item<double>()));
+    require(unused.grad().defined() && torch::allclose(unused.grad(), torch::zeros({2})), "unused.grad = 0");
+  }));
+}

@@ -115,6 +115,108 @@ TEST(ClusterEnvironment, TorchrunWorkerUsesGroupRankAsNodeRank) {
                             "main address 10.1.2.3:29500");
 }
 
+// What each environment tells the strategy about the rendezvous: a fulgur
+// worker's file store, node 0's store across nodes (one prefix per launch),
+// torchrun's agent store (one prefix per restart), else a TCP store at the
+// main address that rank 0 serves.
+TEST(ClusterEnvironment, RendezvousComesFromTheEnvironmentOfTheLauncher) {
+  EnvGuard g({{"FULGUR_STORE", "/tmp/launch-0/store"}, {"FULGUR_PARENT_STORE", std::nullopt},
+              {"FULGUR_LAUNCH_INDEX", std::nullopt}, {"TORCHELASTIC_USE_AGENT_STORE", std::nullopt},
+              {"TORCHELASTIC_RESTART_COUNT", std::nullopt}, {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29500"},
+              {"FULGUR_BIND_ADDRESS", "10.1.2.9"}, {"GLOO_SOCKET_IFNAME", std::nullopt},
+              {"LOCAL_WORLD_SIZE", "3"}});
+  const LightningEnvironment env;
+  EXPECT_EQ(env.local_world_size(), 3);
+  RendezvousPoint p = env.rendezvous();
+  EXPECT_EQ(p.store_path, "/tmp/launch-0/store");
+  EXPECT_EQ(p.bind_address, "") << "a file store binds Gloo to loopback";
+
+  unsetenv("FULGUR_STORE");
+  setenv("FULGUR_PARENT_STORE", "1", 1);
+  setenv("FULGUR_LAUNCH_INDEX", "3", 1);
+  p = env.rendezvous();
+  EXPECT_EQ(p.store_path, "");
+  EXPECT_EQ(p.host, "10.1.2.3");
+  EXPECT_EQ(p.port, 29500);
+  EXPECT_TRUE(p.store_served_externally);
+  EXPECT_EQ(p.store_prefix, "launch-3");
+  EXPECT_EQ(p.bind_address, "10.1.2.9");
+  unsetenv("FULGUR_LAUNCH_INDEX");
+  try {
+    env.rendezvous();
+    FAIL() << "a worker across nodes without FULGUR_LAUNCH_INDEX was given a rendezvous";
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(contains(e.what(), "FULGUR_LAUNCH_INDEX, which is not set")) << e.what();
+  }
+
+  unsetenv("FULGUR_PARENT_STORE");
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
+  p = TorchElasticEnvironment().rendezvous();
+  EXPECT_TRUE(p.store_served_externally);
+  EXPECT_EQ(p.store_prefix, "/worker/attempt_2");
+
+  unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+  p = env.rendezvous();
+  EXPECT_FALSE(p.store_served_externally);
+  EXPECT_EQ(p.store_prefix, "");
+  EXPECT_EQ(p.host, "10.1.2.3");
+  unsetenv("LOCAL_WORLD_SIZE");
+  EXPECT_EQ(env.local_world_size(), 0);
+}
+
+namespace {
+
+// A one-process job of the test's own, which counts what it is asked.
+struct CountingEnvironment : ClusterEnvironment {
+  explicit CountingEnvironment(std::string store) : store(std::move(store)) {}
+  std::string name() const override { return "counting"; }
+  bool creates_processes_externally() const override { return true; }
+  std::string main_address() const override { return "127.0.0.1"; }
+  int main_port() const override { return 0; }
+  int64_t world_size() const override { return 1; }
+  int64_t global_rank() const override {
+    ++rank_questions;
+    return 0;
+  }
+  int64_t local_rank() const override { return 0; }
+  int64_t node_rank() const override { return 0; }
+  RendezvousPoint rendezvous() const override {
+    ++rendezvous_questions;
+    RendezvousPoint p;
+    p.store_path = store;
+    return p;
+  }
+  std::string store;
+  mutable int rank_questions = 0, rendezvous_questions = 0;
+};
+
+}  // namespace
+
+// The environment given in ParallelOptions is the one the strategy holds and
+// asks; nothing is detected (detection would find a SLURM job of 4 tasks
+// here, which one device refuses).
+TEST(ClusterEnvironment, TheEnvironmentGivenToTheStrategyIsHeldAndAsked) {
+  EnvGuard g({{"SLURM_NTASKS", "4"}, {"SLURM_JOB_NAME", "train"}, {"SLURM_NODELIST", "cn1"},
+              {"FULGUR_WORKER", std::nullopt}, {"RANK", std::nullopt}, {"LOCAL_RANK", std::nullopt}});
+  EXPECT_THROW(DDPStrategy(std::make_shared<CPUAccelerator>(), {0}), std::invalid_argument);
+  TempDir dir;
+  auto env = std::make_shared<CountingEnvironment>(dir.path + "/store");
+  ParallelOptions po;
+  po.cluster_environment = env;
+  po.timeout = std::chrono::milliseconds(20000);
+  auto strategy = std::make_shared<DDPStrategy>(std::make_shared<CPUAccelerator>(), std::vector<int64_t>{0}, nullptr,
+                                                nullptr, po);
+  EXPECT_EQ(&strategy->cluster_environment(), env.get());
+  fulgur::testing::TinyRegression m;
+  Trainer t(TrainerOptions().strategy_object(strategy).max_epochs(1).default_root_dir(dir.path)
+                .enable_progress_bar(false).enable_model_summary(false).logger(false).enable_checkpointing(false));
+  t.fit(m, std::make_shared<DataLoader>(fulgur::testing::regression_data(16), DataLoaderOptions(4)));
+  EXPECT_EQ(t.global_step(), 4);
+  EXPECT_EQ(env->rendezvous_questions, 1);
+  EXPECT_GE(env->rank_questions, 1);
+}
+
 TEST(ClusterEnvironment, SlurmTaskCountMustMatchNodesTimesDevices) {
   EnvGuard g({{"SLURM_NTASKS", "2"}, {"SLURM_JOB_NAME", "train"}, {"SLURM_NODELIST", "cn1"},
               {"FULGUR_WORKER", std::nullopt}});

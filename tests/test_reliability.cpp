@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -339,6 +340,116 @@ TEST(Faults, KillingTheWriterMidSaveNeverLeavesAPartialCheckpoint) {
   for (const auto& e : fs::directory_iterator(ck)) {
     EXPECT_EQ(e.path().extension(), ".ckpt") << "left over: " << e.path();
   }
+}
+
+namespace {
+
+using fulgur::testing::FaultyCheckpointIO;
+using fulgur::testing::WriteFault;
+
+// A ModelCheckpoint (every epoch, top 1, last.ckpt) that also writes what its
+// epoch-end save threw on this rank to <record_dir>/rank-<r>, then rethrows.
+struct RecordingModelCheckpoint : ModelCheckpoint {
+  RecordingModelCheckpoint(const std::string& dirpath, std::string record_dir)
+      : ModelCheckpoint(ModelCheckpointOptions().dirpath(dirpath).save_last(true)), record_dir(std::move(record_dir)) {}
+  void on_train_epoch_end(Trainer& trainer, LightningModule& module) override {
+    try {
+      ModelCheckpoint::on_train_epoch_end(trainer, module);
+    } catch (const std::exception& e) {
+      std::ofstream(record_dir + "/rank-" + std::to_string(trainer.global_rank())) << e.what();
+      throw;
+    }
+  }
+  std::string record_dir;
+};
+
+// The names in `dir`, sorted (temporaries start with '.').
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::shared_ptr<DataLoader> regression_loader() {
+  return std::make_shared<DataLoader>(fulgur::testing::regression_data(32), DataLoaderOptions(4));
+}
+
+}  // namespace
+
+// Two ranks, 4 steps an epoch each; each epoch writes its top-1 file, then
+// last.ckpt (saves 1, 2 in epoch 0; 3, 4 in epoch 1), then removes the
+// previous top-1 file. The disk fills during save 4, epoch 1's last.ckpt.
+TEST(Faults, DiskFullDuringASaveOnTwoRanksKeepsThePreviousCheckpointAndFailsEveryRank) {
+  TempDir dir;
+  const std::string ck = dir.path + "/ck";
+  auto io = std::make_shared<FaultyCheckpointIO>(std::make_shared<TorchCheckpointIO>(), 4, WriteFault::kDiskFull);
+  ParallelOptions po;
+  po.timeout = std::chrono::milliseconds(20000);
+  auto strategy = std::make_shared<DDPStrategy>(std::make_shared<CPUAccelerator>(), std::vector<int64_t>{0, 1}, io,
+                                                nullptr, po);
+  fulgur::testing::TinyRegression m;
+  Trainer t(TrainerOptions().strategy_object(strategy).max_epochs(3).default_root_dir(dir.path)
+                .enable_progress_bar(false).enable_model_summary(false).logger(false)
+                .callbacks({std::make_shared<RecordingModelCheckpoint>(ck, dir.path)}));
+  const std::string cause = "cannot save " + ck + "/last.ckpt: writing its temporary " + ck + "/.last.ckpt.tmp-";
+  try {
+    t.fit(m, regression_loader());
+    FAIL() << "the fit went on after a failed save";
+  } catch (const WorkerFailure& e) {
+    EXPECT_THAT(e.what(), HasSubstr(cause));
+    EXPECT_THAT(e.what(), HasSubstr("File too large"));
+  }
+  // Rank 0 wrote and has the write's own error; rank 1 has rank 0's, named as such.
+  const std::string rank0 = read_file(dir.path + "/rank-0"), rank1 = read_file(dir.path + "/rank-1");
+  EXPECT_THAT(rank0, HasSubstr(cause));
+  EXPECT_THAT(rank0, HasSubstr("File too large; " + ck + "/last.ckpt is unchanged"));
+  EXPECT_THAT(rank1, HasSubstr("save_checkpoint('" + ck + "/last.ckpt') failed on rank 0, which writes: checkpoint: " + cause));
+  // last.ckpt is still epoch 0's, the top-1 file of epoch 0 was not removed
+  // after the failure, and no temporary is left.
+  EXPECT_EQ(names_in(ck), (std::vector<std::string>{"epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "last.ckpt"}));
+  const Checkpoint last = TorchCheckpointIO().load_checkpoint(ck + "/last.ckpt");
+  EXPECT_EQ(last.at("epoch").toInt(), 0);
+  EXPECT_EQ(last.at("global_step").toInt(), 4);
+  EXPECT_EQ(TorchCheckpointIO().load_checkpoint(ck + "/epoch=0-step=4.ckpt").at("global_step").toInt(), 4);
+  EXPECT_EQ(TorchCheckpointIO().load_checkpoint(ck + "/epoch=1-step=8.ckpt").at("global_step").toInt(), 8);
+}
+
+// One process, 8 steps an epoch: save 3, epoch 1's top-1 file, is refused.
+// The callback still names epoch 0's files, and a run resumed from
+// last.ckpt finishes.
+TEST(Faults, RefusedSaveKeepsThePreviousCheckpointWhichResumes) {
+  TempDir dir;
+  const std::string ck = dir.path + "/ck";
+  auto io = std::make_shared<FaultyCheckpointIO>(std::make_shared<TorchCheckpointIO>(), 3, WriteFault::kRefused);
+  auto callback = std::make_shared<RecordingModelCheckpoint>(ck, dir.path);
+  {
+    fulgur::testing::TinyRegression m;
+    Trainer t(TrainerOptions().strategy_object(std::make_shared<SingleDeviceStrategy>(
+                                   c10::Device(c10::kCPU), std::make_shared<CPUAccelerator>(), io))
+                  .max_epochs(3).default_root_dir(dir.path).enable_progress_bar(false).enable_model_summary(false)
+                  .logger(false).callbacks({callback}));
+    try {
+      t.fit(m, regression_loader());
+      FAIL() << "the fit went on after a failed save";
+    } catch (const std::runtime_error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("save 3 (" + ck + "/epoch=1-step=16.ckpt) refused by the test"));
+    }
+  }
+  EXPECT_EQ(io->saves(), 3);
+  EXPECT_THAT(read_file(dir.path + "/rank-0"), HasSubstr("refused by the test"));
+  EXPECT_EQ(names_in(ck), (std::vector<std::string>{"epoch=0-step=8.ckpt", "last.ckpt"}));
+  EXPECT_EQ(callback->best_model_path(), ck + "/epoch=0-step=8.ckpt");
+  EXPECT_EQ(callback->last_model_path(), ck + "/last.ckpt");
+  EXPECT_EQ(TorchCheckpointIO().load_checkpoint(ck + "/last.ckpt").at("global_step").toInt(), 8);
+
+  fulgur::testing::TinyRegression resumed;
+  Trainer t(TrainerOptions().accelerator("cpu").devices(1).max_epochs(3).default_root_dir(dir.path)
+                .enable_progress_bar(false).enable_model_summary(false).logger(false)
+                .callbacks({std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().dirpath(ck).save_last(true))}));
+  t.fit(resumed, regression_loader(), nullptr, ck + "/last.ckpt");
+  EXPECT_EQ(t.global_step(), 24);
+  EXPECT_EQ(resumed.losses.size(), 16u);  // epochs 1 and 2 only
 }
 
 namespace {

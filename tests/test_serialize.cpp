@@ -6,7 +6,7 @@
 
 #include "serialize/torch_archive.h"
 #include "stored_zip.h"
-#include "trainer/optim_state.h"
+#include "optim/optim_state.h"
 
 #include <fulgur/checkpoint.h>
 #include <fulgur/plugins/io/checkpoint_io.h>

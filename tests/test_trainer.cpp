@@ -733,3 +733,52 @@ TEST(FusedOptimizer, LeavesSubclassesOfAdamToTheirOwnStep) {
   EXPECT_EQ(steps_of_a_fit<MyAdam>(), 3);
   EXPECT_EQ(steps_of_a_fit<MyAdamW>(), 3);
 }
+
+namespace {
+
+// TinyRegression with two optimizers (manual optimization), so that one
+// LearningRateMonitor row names both: RMSprop (lr 0.01) and MyAdam (above; lr
+// 0.002), which the optimizer table serves through its base, Adam.
+struct TwoOptimizers : TinyRegression {
+  TwoOptimizers() { set_automatic_optimization(false); }
+  StepOutput training_step(const Batch& b, int64_t) override {
+    auto loss = torch::mse_loss(forward(b.data), b.target);
+    for (auto& o : optimizers()) o.zero_grad();
+    manual_backward(loss);
+    for (auto& o : optimizers()) o.step();
+    return StepOutput();
+  }
+  OptimizerConfig configure_optimizers() override {
+    OptimizerConfig c;
+    c.optimizers.push_back(std::make_shared<torch::optim::RMSprop>(parameters(), torch::optim::RMSpropOptions(0.01)));
+    c.optimizers.push_back(std::make_shared<MyAdam>(parameters(), torch::optim::AdamOptions(0.002)));
+    return c;
+  }
+};
+
+}  // namespace
+
+TEST(Callbacks, LearningRateMonitorNamesEachOptimizerByItsPythonClass) {
+  TempDir dir;
+  TwoOptimizers m;
+  Trainer t(quiet(dir.path).max_epochs(1).enable_checkpointing(false).enable_model_summary(false)
+                .callbacks({std::make_shared<LearningRateMonitor>("epoch")}));
+  t.fit(m, loader(16, 8));
+  // The first row is the monitor's, at step 0: each column's value by its name.
+  std::istringstream csv(read(dir.path + "/lightning_logs/version_0/metrics.csv"));
+  auto cells = [](const std::string& line) {
+    std::vector<std::string> out;
+    std::stringstream ss(line);
+    for (std::string c; std::getline(ss, c, ',');) out.push_back(c);
+    return out;
+  };
+  std::string header, row;
+  std::getline(csv, header);
+  std::getline(csv, row);
+  std::map<std::string, std::string> value;
+  const auto names = cells(header), values = cells(row);
+  for (size_t i = 0; i < names.size() && i < values.size(); ++i) value[names[i]] = values[i];
+  EXPECT_EQ(value["lr-RMSprop"], "0.01") << header << "\n" << row;
+  EXPECT_EQ(value["lr-Adam"], "0.002") << header << "\n" << row;
+  EXPECT_EQ(header.find("lr-Optimizer"), std::string::npos) << header;
+}

@@ -2,6 +2,7 @@
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
+#include "callbacks/monitor.h"
 #include "runtime/log.h"
 
 #include <cmath>
@@ -12,9 +13,7 @@
 namespace fulgur {
 
 EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {
-  if (options_.mode() != "min" && options_.mode() != "max") {
-    throw std::invalid_argument("EarlyStopping: mode '" + options_.mode() + "' is not known; valid: \"min\", \"max\"");
-  }
+  detail::check_monitor_mode("EarlyStopping", options_.mode());
   if (options_.patience() < 0) {
     throw std::invalid_argument("EarlyStopping: patience=" + std::to_string(options_.patience()) + " must be >= 0");
   }
@@ -40,17 +39,15 @@ void EarlyStopping::check(Trainer& trainer) {
   const auto& metrics = trainer.callback_metrics();
   auto it = metrics.find(options_.monitor());
   if (it == metrics.end()) {
-    std::string logged;
-    for (const auto& kv : metrics) logged += (logged.empty() ? "" : ", ") + kv.first;
     const std::string msg = "EarlyStopping could not find the monitored metric '" + options_.monitor() +
-                            "' among the logged ones: [" + logged + "]";
+                            "' among the logged ones: " + detail::logged_names(metrics);
     if (options_.strict()) throw std::runtime_error(msg + "; log it, or set strict(false)");
     runtime::log_rank_zero(runtime::LogLevel::kWarning, "warning: " + msg);
     return;
   }
   const double current = it->second;
   const bool minimize = options_.mode() == "min";
-  auto better = [&](double a, double b) { return minimize ? a < b : a > b; };
+  auto better = [&](double a, double b) { return detail::better_score(options_.mode(), a, b); };
   bool stop = false;
   std::ostringstream why;
   if (options_.check_finite() && !std::isfinite(current)) {
@@ -73,7 +70,7 @@ void EarlyStopping::check(Trainer& trainer) {
           << " checks; best score " << best_score_;
     }
   }
-  stop = trainer.strategy().reduce_boolean_decision(stop, /*all=*/false);
+  stop = trainer.strategy().reduce_boolean_decision(stop, DecisionRule::kAny);
   if (stop) {
     reason_ = why.str();
     stopped_epoch_ = trainer.current_epoch();

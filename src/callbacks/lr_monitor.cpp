@@ -1,20 +1,17 @@
 #include <fulgur/callbacks/lr_monitor.h>
 #include <fulgur/trainer.h>
 
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
+#include "optim/optim_state.h"
 
 #include <stdexcept>
 
 namespace fulgur {
 namespace {
 
-std::string optimizer_name(torch::optim::Optimizer& o) {
-  if (dynamic_cast<torch::optim::SGD*>(&o)) return "SGD";
-  if (dynamic_cast<torch::optim::AdamW*>(&o)) return "AdamW";
-  if (dynamic_cast<torch::optim::Adam*>(&o)) return "Adam";
-  return "Optimizer";
+// Python's class name of a known optimizer (or of its known base), else "Optimizer".
+std::string optimizer_name(const torch::optim::Optimizer& o) {
+  const detail::OptimizerAdapter* a = detail::optimizer_adapter(o);
+  return a ? a->name : "Optimizer";
 }
 
 }  // namespace

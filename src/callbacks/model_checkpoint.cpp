@@ -2,6 +2,8 @@
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
+#include "callbacks/monitor.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -48,9 +50,7 @@ std::string regex_escaped(const std::string& s) {
 }  // namespace
 
 ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std::move(options)) {
-  if (options_.mode() != "min" && options_.mode() != "max") {
-    throw std::invalid_argument("ModelCheckpoint: mode '" + options_.mode() + "' is not known; valid: \"min\", \"max\"");
-  }
+  detail::check_monitor_mode("ModelCheckpoint", options_.mode());
   if (options_.save_top_k() < -1) {
     throw std::invalid_argument("ModelCheckpoint: save_top_k=" + std::to_string(options_.save_top_k()) +
                                 " is invalid; use -1 (all), 0 (none) or a count");
@@ -180,7 +180,7 @@ std::string ModelCheckpoint::format_name(int64_t epoch, int64_t step, const std:
   return out;
 }
 
-bool ModelCheckpoint::better(double a, double b) const { return options_.mode() == "min" ? a < b : a > b; }
+bool ModelCheckpoint::better(double a, double b) const { return detail::better_score(options_.mode(), a, b); }
 
 void ModelCheckpoint::save(Trainer& trainer) {
   Strategy& strategy = trainer.strategy();
@@ -193,11 +193,9 @@ void ModelCheckpoint::save(Trainer& trainer) {
     if (!options_.monitor().empty()) {
       auto it = metrics.find(options_.monitor());
       if (it == metrics.end()) {
-        std::string logged;
-        for (const auto& kv : metrics) logged += (logged.empty() ? "" : ", ") + kv.first;
         throw std::runtime_error("ModelCheckpoint(monitor='" + options_.monitor() +
-                                 "') could not find that metric among the logged ones: [" + logged +
-                                 "]; log it with self.log or fix the name");
+                                 "') could not find that metric among the logged ones: " +
+                                 detail::logged_names(metrics) + "; log it with self.log or fix the name");
       }
       score = it->second;
     }

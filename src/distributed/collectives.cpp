@@ -1,6 +1,7 @@
 #include <fulgur/distributed/collectives.h>
 
 #include "distributed/network.h"
+#include "runtime/text.h"
 #include "serialize/torch_archive.h"
 
 #include <fulgur/serialization_error.h>
@@ -21,6 +22,8 @@
 #include <thread>
 
 namespace fulgur {
+
+using runtime::first_line;
 
 ReduceOp parse_reduce_op(const std::string& name) {
   std::string n = name;
@@ -332,7 +335,6 @@ class GlooCollectives : public Collectives {
   }
 
  private:
-  static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
   // One TCP store per address for the life of the process: the later groups
   // of a process (fit, then test) meet in the same store, under "group-<k>/"

@@ -183,15 +183,13 @@ class BucketReducer : public GradientSync {
 
 class StepReducer : public GradientSync {
  public:
-  StepReducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> c, std::function<void()> materialize,
-              int64_t max_bytes)
-      : params_(std::move(params)), collectives_(std::move(c)), materialize_(std::move(materialize)) {
+  StepReducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> c, int64_t max_bytes)
+      : params_(std::move(params)), collectives_(std::move(c)) {
     buckets_ = make_buckets(params_, max_bytes, max_bytes);
   }
 
   void finalize() override {
     if (!enabled_ || params_.empty()) return;
-    if (materialize_) materialize_();
     ScopedTimer timer(seconds_);
     torch::NoGradGuard no_grad;
     // Fill every buffer, start all reductions, then write back.
@@ -232,7 +230,6 @@ class StepReducer : public GradientSync {
  private:
   std::vector<at::Tensor> params_;
   std::shared_ptr<Collectives> collectives_;
-  std::function<void()> materialize_;
   std::vector<Bucket> buckets_;
 };
 
@@ -244,8 +241,8 @@ std::unique_ptr<GradientSync> make_bucket_reducer(std::vector<at::Tensor> params
 }
 
 std::unique_ptr<GradientSync> make_step_reducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> c,
-                                                std::function<void()> materialize, int64_t max_bytes) {
-  return std::make_unique<StepReducer>(std::move(params), std::move(c), std::move(materialize), max_bytes);
+                                                int64_t max_bytes) {
+  return std::make_unique<StepReducer>(std::move(params), std::move(c), max_bytes);
 }
 
 }  // namespace fulgur::detail

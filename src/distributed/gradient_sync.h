@@ -6,14 +6,14 @@
 //    full, while backward continues (PyTorch DDP's overlap).
 //  - StepReducer (XLAStrategy): at the optimizer step, all gradients are
 //    flattened into as few buffers as possible and reduced together
-//    (torch_xla's reduce_gradients); lazy gradients are materialized first.
+//    (torch_xla's reduce_gradients). On lazy devices the gradients must be
+//    materialized before finalize() (XLAStrategy marks the step first).
 
 #include <fulgur/distributed/collectives.h>
 
 #include <torch/nn/module.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -26,7 +26,6 @@ class GradientSync {
   virtual void finalize() = 0;
   // false: the next backward passes accumulate locally (gradient accumulation).
   virtual void set_enabled(bool enabled) { enabled_ = enabled; }
-  bool enabled() const { return enabled_; }
   // Wall time spent in this component so far (copies into buckets during
   // backward, waiting for the reductions, writing gradients back), seconds.
   double seconds() const { return seconds_; }
@@ -46,8 +45,7 @@ std::vector<at::Tensor> unique_trainable_parameters(const torch::nn::Module& mod
 
 std::unique_ptr<GradientSync> make_bucket_reducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> collectives,
                                                   BucketOptions options = {});
-// `materialize` runs before the gradients are read (the step mark on lazy devices).
 std::unique_ptr<GradientSync> make_step_reducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> collectives,
-                                                std::function<void()> materialize, int64_t max_buffer_bytes = 64 << 20);
+                                                int64_t max_buffer_bytes = 64 << 20);
 
 }  // namespace fulgur::detail

@@ -6,8 +6,11 @@
 #include <algorithm>
 
 #include "distributed/network.h"
+#include "launchers/worker_env.h"
 #include "runtime/log.h"
+#include "runtime/env.h"
 #include "runtime/signals.h"
+#include "runtime/text.h"
 #include "runtime/threads.h"
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -39,10 +42,11 @@ namespace fs = std::filesystem;
 namespace fulgur {
 namespace {
 
-const char* kWorkerEnv = "FULGUR_WORKER";
-const char* kLaunchDirEnv = "FULGUR_LAUNCH_DIR";
-const char* kLaunchIndexEnv = "FULGUR_LAUNCH_INDEX";
-const char* kParentStoreEnv = "FULGUR_PARENT_STORE";
+using detail::kLaunchDirEnv;
+using detail::kLaunchIndexEnv;
+using detail::kParentStoreEnv;
+using detail::kStoreEnv;
+using detail::kWorkerEnv;
 
 // Launches this process has made (parent) or seen (spawned worker replaying).
 int g_launches = 0;
@@ -146,7 +150,7 @@ c10::intrusive_ptr<::c10d::Store> node_store(const MultiProcessLauncherOptions& 
     try {
       store = c10::make_intrusive<::c10d::TCPStore>(o.main_address, so);
     } catch (const std::exception& e) {
-      const std::string msg = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
+      const std::string msg = runtime::first_line(e.what());
       throw CollectiveError("rendezvous: node 0 cannot serve the store on MASTER_PORT=" + std::to_string(o.main_port) +
                             " (" + msg + "); choose a free port, the same on every node");
     }
@@ -217,7 +221,7 @@ std::vector<std::string> own_argv() {
 
 // Runs `fn` as this worker's part of a launch, reports, and exits.
 [[noreturn]] void run_worker(const WorkerFn& fn) {
-  const std::string dir = std::getenv(kLaunchDirEnv);
+  const std::string dir = runtime::env_required(kLaunchDirEnv, "a fulgur worker");
   const int64_t rank = LightningEnvironment().global_rank();
   try {
     c10::IValue result = fn();
@@ -279,8 +283,7 @@ std::vector<std::string> own_argv() {
 }  // namespace
 
 bool is_fulgur_worker() {
-  const char* v = std::getenv(kWorkerEnv);
-  return v && std::string(v) == "1";
+  return runtime::env_string(kWorkerEnv) == "1";
 }
 
 MultiProcessLauncher::MultiProcessLauncher(MultiProcessLauncherOptions options) : options_(std::move(options)) {
@@ -295,16 +298,17 @@ MultiProcessLauncher::MultiProcessLauncher(MultiProcessLauncherOptions options) 
 c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   if (is_fulgur_worker()) {
     // A spawned worker replays the launches its parent made before this one.
-    const int64_t index = std::atoll(std::getenv(kLaunchIndexEnv));
+    const int64_t index = runtime::env_int(kLaunchIndexEnv, -1);
+    if (index < 0) throw std::runtime_error(std::string("a spawned fulgur worker needs ") + kLaunchIndexEnv + ", which is not set");
     const int64_t mine = g_launches++;
     if (mine < index) {
       if (options_.num_nodes > 1 && options_.node_rank != 0) return c10::IValue();  // as the parent got
-      const std::string earlier = fs::path(std::getenv(kLaunchDirEnv)).parent_path() / ("launch-" + std::to_string(mine)) / "result.pt";
+      const std::string earlier = fs::path(runtime::env_required(kLaunchDirEnv, "a spawned fulgur worker")).parent_path() / ("launch-" + std::to_string(mine)) / "result.pt";
       return TorchCheckpointIO().load_checkpoint(earlier).at("result");
     }
     run_worker(fn);
   }
-  if (detect_cluster_environment()->creates_processes_externally()) return fn();  // torchrun, srun, ...
+  if (options_.processes_created_externally) return fn();  // torchrun, srun, ...
 
   const int64_t n = options_.num_processes;
   const int64_t index = g_launches++;
@@ -326,7 +330,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
     if (options_.node_rank == 0) node_store(options_);  // serve before any worker needs it
     env[kParentStoreEnv] = "1";
   } else {
-    env["FULGUR_STORE"] = dir + "/store";
+    env[kStoreEnv] = dir + "/store";
   }
 
   const std::vector<std::string> argv = options_.start_method == "spawn" ? own_argv() : std::vector<std::string>{};

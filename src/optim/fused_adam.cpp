@@ -1,7 +1,8 @@
 #include "optim/fused_adam.h"
 
+#include "runtime/env.h"
 #include "runtime/plain_tensor.h"
-#include "trainer/optim_state.h"
+#include "optim/optim_state.h"
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -19,8 +20,8 @@ namespace fulgur::detail {
 namespace {
 
 bool enabled() {
-  const char* v = std::getenv("FULGUR_FUSED_OPTIMIZER");
-  return !(v && (std::strcmp(v, "off") == 0 || std::strcmp(v, "0") == 0));
+  const std::string v = runtime::env_string("FULGUR_FUSED_OPTIMIZER");
+  return v != "off" && v != "0";
 }
 
 // Per-step constants, as float, the way libtorch's kernels receive the
@@ -127,14 +128,20 @@ bool step(torch::optim::Optimizer& opt, bool adamw) {
 
 }  // namespace
 
+bool fused_adam_step(torch::optim::Optimizer& optimizer) {
+  return step<torch::optim::AdamOptions, torch::optim::AdamParamState>(optimizer, false);
+}
+
+bool fused_adamw_step(torch::optim::Optimizer& optimizer) {
+  return step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(optimizer, true);
+}
+
 bool fused_optimizer_step(torch::optim::Optimizer& optimizer) {
   if (!enabled()) return false;
+  const OptimizerAdapter* a = optimizer_adapter(optimizer);
   // The exact types only: a subclass may have its own step(), which must run.
-  if (typeid(optimizer) == typeid(torch::optim::AdamW))
-    return step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(optimizer, true);
-  if (typeid(optimizer) == typeid(torch::optim::Adam))
-    return step<torch::optim::AdamOptions, torch::optim::AdamParamState>(optimizer, false);
-  return false;
+  if (!a || !a->fused_step || typeid(optimizer) != a->type) return false;
+  return a->fused_step(optimizer);
 }
 
 }  // namespace fulgur::detail

@@ -24,4 +24,10 @@ namespace fulgur::detail {
 // FULGUR_FUSED_OPTIMIZER=off.
 bool fused_optimizer_step(torch::optim::Optimizer& optimizer);
 
+// The fused steps themselves, for the optimizer table (optim/optim_state.h):
+// REQUIRES: `optimizer` is a torch::optim::Adam (AdamW). Return false, having
+// done nothing, when a tensor is not as above.
+bool fused_adam_step(torch::optim::Optimizer& optimizer);
+bool fused_adamw_step(torch::optim::Optimizer& optimizer);
+
 }  // namespace fulgur::detail

@@ -1,5 +1,6 @@
 #include <fulgur/plugins/io/checkpoint_io.h>
 
+#include "serialize/tensor_tree.h"
 #include "serialize/torch_archive.h"
 
 #include <fulgur/serialization_error.h>
@@ -25,16 +26,19 @@ namespace {
 
 constexpr const char* kTempMarker = ".tmp-";
 
-[[noreturn]] void fail_errno(const std::string& what, const std::string& path) {
-  throw std::runtime_error("checkpoint: " + what + " " + path + ": " + std::strerror(errno));
+// A save of `target` that failed at `step` (with errno set): the file at
+// `target`, if any, is still the one from before.
+[[noreturn]] void fail_save(const std::string& target, const std::string& step) {
+  throw std::runtime_error("checkpoint: cannot save " + target + ": " + step + " failed: " + std::strerror(errno) +
+                           "; " + target + " is unchanged");
 }
 
-void write_all(int fd, const char* data, size_t size, const std::string& path) {
+void write_all(int fd, const char* data, size_t size, const std::string& target, const std::string& tmp) {
   while (size > 0) {
     const ssize_t n = ::write(fd, data, size);
     if (n < 0) {
       if (errno == EINTR) continue;
-      fail_errno("cannot write", path);
+      fail_save(target, "writing its temporary " + tmp);
     }
     data += n;
     size -= static_cast<size_t>(n);
@@ -51,25 +55,7 @@ void fsync_dir(const fs::path& dir) {
 }  // namespace
 
 c10::IValue to_cpu(const c10::IValue& value) {
-  if (value.isTensor()) return value.toTensor().to(torch::kCPU);
-  if (value.isGenericDict()) {
-    auto in = value.toGenericDict();
-    c10::impl::GenericDict out(in.keyType(), in.valueType());
-    for (const auto& kv : in) out.insert(kv.key(), to_cpu(kv.value()));
-    return out;
-  }
-  if (value.isList()) {
-    auto in = value.toList();
-    c10::impl::GenericList out(in.elementType());
-    for (const auto& v : in) out.push_back(to_cpu(v));
-    return out;
-  }
-  if (value.isTuple()) {
-    std::vector<c10::IValue> items;
-    for (const auto& v : value.toTupleRef().elements()) items.push_back(to_cpu(v));
-    return c10::ivalue::Tuple::create(std::move(items));
-  }
-  return value;
+  return detail::map_tensors(value, [](const at::Tensor& t) { return t.to(torch::kCPU); });
 }
 
 void TorchCheckpointIO::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
@@ -82,10 +68,10 @@ void TorchCheckpointIO::save_checkpoint(const Checkpoint& checkpoint, const std:
   const fs::path tmp = dir / ("." + target.filename().string() + kTempMarker + std::to_string(::getpid()) + "-" +
                               std::to_string(rd()));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) fail_errno("cannot create", tmp.string());
+  if (fd < 0) fail_save(path, "creating its temporary " + tmp.string());
   try {
-    write_all(fd, bytes.data(), bytes.size(), tmp.string());
-    if (::fsync(fd) != 0) fail_errno("cannot fsync", tmp.string());
+    write_all(fd, bytes.data(), bytes.size(), path, tmp.string());
+    if (::fsync(fd) != 0) fail_save(path, "fsync of its temporary " + tmp.string());
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());
@@ -96,7 +82,7 @@ void TorchCheckpointIO::save_checkpoint(const Checkpoint& checkpoint, const std:
     const int err = errno;
     ::unlink(tmp.c_str());
     errno = err;
-    fail_errno("cannot rename " + tmp.string() + " to", path);
+    fail_save(path, "renaming its temporary " + tmp.string() + " to it");
   }
   fsync_dir(dir);
 }

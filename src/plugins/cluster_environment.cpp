@@ -1,5 +1,8 @@
 #include <fulgur/plugins/environments/cluster_environment.h>
 
+#include "launchers/worker_env.h"
+#include "runtime/env.h"
+
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -7,33 +10,50 @@
 namespace fulgur {
 namespace {
 
-const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : nullptr;
-}
-
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = env(name);
-  if (!v) return fallback;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  if (*end != '\0' || n < 0) {
-    throw std::invalid_argument(std::string("environment variable ") + name + "='" + v +
-                                "' must be a non-negative integer");
-  }
-  return n;
-}
-
-int env_port(const char* name, int fallback) {
-  const int64_t port = env_int(name, fallback);
-  if (port > 65535) {
-    throw std::invalid_argument(std::string("environment variable ") + name + "=" + std::to_string(port) +
-                                " is not a TCP port; use a value in [1, 65535]");
-  }
-  return static_cast<int>(port);
-}
+using runtime::env_int;
+using runtime::env_port;
+const char* env(const char* name) { return runtime::env_value(name); }
 
 }  // namespace
+
+int64_t ClusterEnvironment::local_world_size() const { return env_int("LOCAL_WORLD_SIZE", 0); }
+
+RendezvousPoint ClusterEnvironment::rendezvous() const {
+  RendezvousPoint p;
+  p.host = main_address();
+  p.port = main_port();
+  p.bind_address = runtime::env_string("FULGUR_BIND_ADDRESS");
+  p.socket_ifname = runtime::env_string("GLOO_SOCKET_IFNAME");
+  return p;
+}
+
+RendezvousPoint LightningEnvironment::rendezvous() const {
+  if (const char* store = env(detail::kStoreEnv)) {
+    RendezvousPoint p;
+    p.store_path = store;
+    return p;
+  }
+  RendezvousPoint p = ClusterEnvironment::rendezvous();
+  if (runtime::env_set(detail::kParentStoreEnv)) {
+    p.store_served_externally = true;
+    p.store_prefix = "launch-" + runtime::env_required(detail::kLaunchIndexEnv, "a worker of a launch across nodes");
+  } else if (runtime::env_string("TORCHELASTIC_USE_AGENT_STORE") == "True") {
+    // The agent's store outlives restarts: each attempt has its own keys, as in torch.distributed.
+    p.store_served_externally = true;
+    if (const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT")) p.store_prefix = std::string("/worker/attempt_") + attempt;
+  }
+  return p;
+}
+
+void LightningEnvironment::validate_settings(int64_t /*num_devices*/, int64_t num_nodes) const {
+  if (num_nodes <= 1 || creates_processes_externally()) return;
+  if (!env("MASTER_ADDR") || !env("MASTER_PORT") || !env("NODE_RANK")) {
+    throw std::invalid_argument("num_nodes=" + std::to_string(num_nodes) +
+                                " needs MASTER_ADDR and MASTER_PORT (node 0's address and a free port, the same on every "
+                                "node) and NODE_RANK (0 to " + std::to_string(num_nodes - 1) +
+                                ", different on each node) in the environment of every node");
+  }
+}
 
 bool LightningEnvironment::is_set() { return env("RANK") != nullptr || env("LOCAL_RANK") != nullptr; }
 
@@ -117,6 +137,16 @@ int SLURMEnvironment::main_port() const {
   return static_cast<int>(15000 + n);
 }
 
+void SLURMEnvironment::validate_settings(int64_t num_devices, int64_t num_nodes) const {
+  const int64_t processes = num_devices * num_nodes;
+  if (world_size() == processes) return;
+  throw std::invalid_argument("SLURM started SLURM_NTASKS=" + std::to_string(world_size()) +
+                              " tasks but the Trainer asks for num_nodes=" + std::to_string(num_nodes) +
+                              " x devices=" + std::to_string(num_devices) + " = " + std::to_string(processes) +
+                              " processes; start one task per device (sbatch --nodes=" + std::to_string(num_nodes) +
+                              " --ntasks-per-node=" + std::to_string(num_devices) + ")");
+}
+
 int64_t SLURMEnvironment::world_size() const { return env_int("SLURM_NTASKS", 1); }
 
 int64_t SLURMEnvironment::global_rank() const { return env_int("SLURM_PROCID", 0); }
@@ -126,7 +156,7 @@ int64_t SLURMEnvironment::local_rank() const { return env_int("SLURM_LOCALID", 0
 int64_t SLURMEnvironment::node_rank() const { return env_int("SLURM_NODEID", 0); }
 
 std::shared_ptr<ClusterEnvironment> detect_cluster_environment() {
-  const char* worker = env("FULGUR_WORKER");
+  const char* worker = env(detail::kWorkerEnv);
   if (worker && std::string(worker) == "1") return std::make_shared<LightningEnvironment>();
   if (SLURMEnvironment::detect()) return std::make_shared<SLURMEnvironment>();
   if (TorchElasticEnvironment::detect()) return std::make_shared<TorchElasticEnvironment>();

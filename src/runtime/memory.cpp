@@ -1,5 +1,7 @@
 #include "runtime/memory.h"
 
+#include "runtime/env.h"
+
 #include <malloc.h>
 
 #include <cstdlib>
@@ -11,19 +13,14 @@ namespace fulgur::runtime {
 
 namespace {
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
 void decide_and_apply() {
-  const std::string choice = env("FULGUR_MALLOC_POLICY");
+  const std::string choice = env_string("FULGUR_MALLOC_POLICY");
   if (choice == "off" || choice == "0") return;
   if (!choice.empty() && choice != "on" && choice != "1")
     throw std::invalid_argument("FULGUR_MALLOC_POLICY=" + choice + ": allowed values are on, 1, off, 0");
   // The user's own settings win.
-  if (!env("MALLOC_MMAP_THRESHOLD_").empty() || !env("MALLOC_TRIM_THRESHOLD_").empty()) return;
-  if (env("GLIBC_TUNABLES").find("glibc.malloc.") != std::string::npos) return;
+  if (env_set("MALLOC_MMAP_THRESHOLD_") || env_set("MALLOC_TRIM_THRESHOLD_")) return;
+  if (env_string("GLIBC_TUNABLES").find("glibc.malloc.") != std::string::npos) return;
   mallopt(M_MMAP_THRESHOLD, static_cast<int>(kMmapThreshold));
   mallopt(M_TRIM_THRESHOLD, static_cast<int>(kTrimThreshold));
 }

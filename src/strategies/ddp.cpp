@@ -3,6 +3,7 @@
 #include <fulgur/trainer.h>
 
 #include "distributed/gradient_sync.h"
+#include "serialize/tensor_tree.h"
 #include "strategies/xla_common.h"
 #include "runtime/log.h"
 #include "runtime/threads.h"
@@ -11,9 +12,7 @@
 
 #include <torch/torch.h>
 
-#include <cstdlib>
 #include <exception>
-#include <functional>
 #include <iostream>
 #include <map>
 #include <stdexcept>
@@ -43,34 +42,6 @@ struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
   }
 };
 
-// `value` with every tensor inside (dicts, lists, tuples, nested) replaced by
-// f(tensor), visited depth first in container order.
-c10::IValue visit_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f) {
-  if (v.isTensor()) return f(v.toTensor());
-  if (v.isGenericDict()) {
-    auto in = v.toGenericDict();
-    c10::impl::GenericDict d(in.keyType(), in.valueType());
-    for (const auto& kv : in) d.insert(kv.key(), visit_tensors(kv.value(), f));
-    return d;
-  }
-  if (v.isList()) {
-    c10::impl::GenericList l(v.toList().elementType());
-    for (const auto& e : v.toList()) l.push_back(visit_tensors(e, f));
-    return l;
-  }
-  if (v.isTuple()) {
-    std::vector<c10::IValue> items;
-    for (const auto& e : v.toTupleRef().elements()) items.push_back(visit_tensors(e, f));
-    return c10::ivalue::Tuple::create(std::move(items));
-  }
-  return v;
-}
-
-bool env_set(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v;
-}
-
 }  // namespace
 
 // --- ParallelStrategy -----------------------------------------------------
@@ -88,25 +59,13 @@ ParallelStrategy::ParallelStrategy(std::shared_ptr<Accelerator> accelerator, std
   lo.start_method = options_.start_method;
   lo.grace_period = options_.grace_period;
   lo.stop_timeout = options_.stop_timeout;
-  const auto env = detect_cluster_environment();
-  const int64_t processes = lo.num_processes * options_.num_nodes;
-  if (env->name() == "slurm" && env->world_size() != processes) {
-    throw std::invalid_argument("SLURM started SLURM_NTASKS=" + std::to_string(env->world_size()) +
-                                " tasks but the Trainer asks for num_nodes=" + std::to_string(options_.num_nodes) +
-                                " x devices=" + std::to_string(lo.num_processes) + " = " + std::to_string(processes) +
-                                " processes; start one task per device (sbatch --nodes=" + std::to_string(options_.num_nodes) +
-                                " --ntasks-per-node=" + std::to_string(lo.num_processes) + ")");
-  }
-  lo.node_rank = env->node_rank();
-  lo.main_address = env->main_address();
-  lo.main_port = env->main_port();
-  const bool launches_nodes = options_.num_nodes > 1 && !env->creates_processes_externally();
-  if (launches_nodes && (!env_set("MASTER_ADDR") || !env_set("MASTER_PORT") || !env_set("NODE_RANK"))) {
-    throw std::invalid_argument("num_nodes=" + std::to_string(options_.num_nodes) +
-                                " needs MASTER_ADDR and MASTER_PORT (node 0's address and a free port, the same on every "
-                                "node) and NODE_RANK (0 to " + std::to_string(options_.num_nodes - 1) +
-                                ", different on each node) in the environment of every node");
-  }
+  cluster_environment_ = options_.cluster_environment ? options_.cluster_environment : detect_cluster_environment();
+  const ClusterEnvironment& env = *cluster_environment_;
+  env.validate_settings(lo.num_processes, options_.num_nodes);
+  lo.node_rank = env.node_rank();
+  lo.main_address = env.main_address();
+  lo.main_port = env.main_port();
+  lo.processes_created_externally = env.creates_processes_externally();
   if (lo.node_rank >= options_.num_nodes) {
     throw std::invalid_argument("NODE_RANK=" + std::to_string(lo.node_rank) + " is outside [0, " +
                                 std::to_string(options_.num_nodes) + ")");
@@ -125,14 +84,15 @@ int64_t ParallelStrategy::world_size() const { return launched_ ? world_size_ : 
 c10::Device ParallelStrategy::root_device() const { return accelerator_->device(local_rank()); }
 
 void ParallelStrategy::setup_environment() {
-  const auto env = detect_cluster_environment();
-  rank_ = env->global_rank();
-  local_rank_ = env->local_rank();
-  node_rank_ = env->node_rank();
-  world_size_ = env->world_size();
-  std::string who = describe(*env);
+  const ClusterEnvironment& env = *cluster_environment_;
+  rank_ = env.global_rank();
+  local_rank_ = env.local_rank();
+  node_rank_ = env.node_rank();
+  world_size_ = env.world_size();
+  const RendezvousPoint where = env.rendezvous();
+  std::string who = describe(env);
   const auto address = who.rfind(", main address");
-  if (const char* store = std::getenv("FULGUR_STORE"); store && *store && address != std::string::npos) {
+  if (!where.store_path.empty() && address != std::string::npos) {
     // One node, fulgur's launcher: the rendezvous is a file store, no address or port is used.
     who.erase(address) += ", rendezvous in a private file store";
   }
@@ -142,8 +102,7 @@ void ParallelStrategy::setup_environment() {
   } else {
     runtime::log(runtime::LogLevel::kDebug, who);
   }
-  const char* lws = std::getenv("LOCAL_WORLD_SIZE");
-  const int64_t local_world = lws && *lws ? std::atoll(lws) : static_cast<int64_t>(parallel_devices_.size());
+  const int64_t local_world = env.local_world_size() > 0 ? env.local_world_size() : static_cast<int64_t>(parallel_devices_.size());
   runtime::apply_thread_policy(local_world);
   RendezvousOptions ro;
   ro.rank = rank_;
@@ -151,22 +110,14 @@ void ParallelStrategy::setup_environment() {
   ro.timeout = options_.timeout;
   ro.debug = options_.debug;
   ro.local_world_size = local_world;
-  if (const char* store = std::getenv("FULGUR_STORE"); store && *store) {
-    ro.store_path = store;
-  } else {
-    ro.host = env->main_address();
-    ro.port = env->main_port();
-    const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-    // Across nodes, fulgur's launcher on node 0 serves the store, one key prefix per launch.
-    const bool parent = env_set("FULGUR_PARENT_STORE");
-    ro.store_served_externally = (agent && std::string(agent) == "True") || parent;
-    if (parent) ro.store_prefix = std::string("launch-") + std::getenv("FULGUR_LAUNCH_INDEX");
-    // torchrun's agent store outlives restarts: each attempt has its own keys, as in torch.distributed.
-    if (const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT"); !parent && ro.store_served_externally && attempt) {
-      ro.store_prefix = std::string("/worker/attempt_") + attempt;
-    }
-    if (const char* bind = std::getenv("FULGUR_BIND_ADDRESS"); bind && *bind) ro.bind_address = bind;
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) ro.socket_ifname = ifname;
+  ro.store_path = where.store_path;
+  if (where.store_path.empty()) {
+    ro.host = where.host;
+    ro.port = where.port;
+    ro.store_served_externally = where.store_served_externally;
+    ro.store_prefix = where.store_prefix;
+    ro.bind_address = where.bind_address;
+    ro.socket_ifname = where.socket_ifname;
   }
   collectives_ = Collectives::create(ro);
   launched_ = true;
@@ -230,7 +181,7 @@ c10::IValue ParallelStrategy::broadcast(const c10::IValue& value, int64_t src) {
   // whether it was on src's root device. Receivers put those on theirs and
   // leave the others on the CPU, so every rank has each tensor where it started.
   c10::List<int64_t> on_device;
-  visit_tensors(value, [&](const at::Tensor& t) {
+  detail::map_tensors(value, [&](const at::Tensor& t) {
     on_device.push_back(t.device().is_cpu() ? 0 : 1);
     return t;
   });
@@ -240,18 +191,17 @@ c10::IValue ParallelStrategy::broadcast(const c10::IValue& value, int64_t src) {
   const c10::List<int64_t> flags = parts.at(1).toIntList();
   const c10::Device dev = root_device();
   size_t i = 0;
-  return visit_tensors(parts.at(0), [&](const at::Tensor& t) {
+  return detail::map_tensors(parts.at(0), [&](const at::Tensor& t) {
     if (i >= flags.size()) throw CollectiveError("broadcast: rank " + std::to_string(src) + " sent more tensors than flags");
     return flags.get(i++) ? t.to(dev) : t;
   });
 }
 
-bool ParallelStrategy::reduce_boolean_decision(bool decision, bool all) {
-  if (!collectives_ || world_size() == 1) return decision;
+int64_t ParallelStrategy::count_true(bool decision) {
+  if (!collectives_) return Strategy::count_true(decision);
   at::Tensor t = torch::tensor(decision ? 1 : 0, torch::kInt32);
   collectives_->all_reduce_async(t, ReduceOp::kSum)->wait();
-  const int64_t n = t.item<int64_t>();
-  return all ? n == world_size() : n > 0;
+  return t.item<int64_t>();
 }
 
 void ParallelStrategy::barrier(const std::string& name) {
@@ -377,7 +327,7 @@ void XLAStrategy::mark_step() { xla::mark_step(); }
 
 std::unique_ptr<detail::GradientSync> XLAStrategy::make_gradient_sync() {
   // Strategy::optimizer_step marks the step (materializing the gradients) before syncing.
-  return detail::make_step_reducer(detail::unique_trainable_parameters(*model_), collectives_, nullptr);
+  return detail::make_step_reducer(detail::unique_trainable_parameters(*model_), collectives_);
 }
 
 std::shared_ptr<BatchSource> XLAStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {

@@ -2,7 +2,7 @@
 #include <fulgur/trainer.h>
 
 #include <fulgur/distributed/collectives.h>
-#include "trainer/optim_state.h"
+#include "optim/optim_state.h"
 #include "trainer/trainer_impl.h"
 #include "strategies/xla_common.h"
 #include <fulgur/xla/backend.h>
@@ -144,12 +144,14 @@ c10::IValue Strategy::broadcast(const c10::IValue& value, int64_t src) {
 
 void Strategy::barrier(const std::string&) {}
 
-bool Strategy::reduce_boolean_decision(bool decision, bool all) {
+bool Strategy::reduce_boolean_decision(bool decision, DecisionRule rule) {
   if (world_size() == 1) return decision;
-  auto t = torch::tensor(decision ? 1 : 0, torch::kInt32);
-  t = reduce(t, "sum");
-  const int64_t n = t.item<int64_t>();
-  return all ? n == world_size() : n > 0;
+  const int64_t n = count_true(decision);
+  return rule == DecisionRule::kAll ? n == world_size() : n > 0;
+}
+
+int64_t Strategy::count_true(bool decision) {
+  return reduce(torch::tensor(decision ? 1 : 0, torch::kInt32), "sum").item<int64_t>();
 }
 
 std::shared_ptr<BatchSource> Strategy::process_dataloader(std::shared_ptr<BatchSource> loader) { return loader; }

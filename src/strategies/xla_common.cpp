@@ -4,11 +4,7 @@
 
 #include <fulgur/xla/backend.h>
 
-#include <torch/optim/adagrad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/rmsprop.h>
-#include <torch/optim/sgd.h>
+#include "optim/optim_state.h"
 
 #include <stdexcept>
 #include <string>
@@ -54,18 +50,10 @@ void apply_pending_updates(const torch::nn::Module& module, torch::optim::Optimi
   }
   for (const auto& b : module.buffers()) ts.push_back(b);
   for (const auto& [key, state] : optimizer.state()) {
-    auto* st = state.get();
-    if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(st)) {
-      ts.insert(ts.end(), {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()});
-    } else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(st)) {
-      ts.insert(ts.end(), {w->exp_avg(), w->exp_avg_sq(), w->max_exp_avg_sq()});
-    } else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(st)) {
-      ts.push_back(g->momentum_buffer());
-    } else if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(st)) {
-      ts.insert(ts.end(), {r->square_avg(), r->momentum_buffer(), r->grad_avg()});
-    } else if (auto* d = dynamic_cast<torch::optim::AdagradParamState*>(st)) {
-      ts.push_back(d->sum());
-    }
+    map_state_tensors(*state, [&](const at::Tensor& t) {
+      ts.push_back(t);
+      return t;
+    });
   }
   xla::apply_pending_updates(ts);
 }

@@ -15,7 +15,7 @@
 #include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/signals.h"
-#include "trainer/optim_state.h"
+#include "optim/optim_state.h"
 #include "trainer/trainer_impl.h"
 
 #include <ATen/CPUGeneratorImpl.h>

@@ -58,6 +58,10 @@ struct MultiProcessLauncherOptions {
   // Rendezvous for several nodes (MASTER_ADDR, MASTER_PORT).
   std::string main_address = "127.0.0.1";
   int main_port = 0;
+  // This process was started by torchrun, srun or by hand as one of the job's
+  // (ClusterEnvironment::creates_processes_externally): launch runs the
+  // function here and starts nothing.
+  bool processes_created_externally = false;
 };
 
 class MultiProcessLauncher : public Launcher {

@@ -35,6 +35,12 @@ struct ParallelOptions {
   // process_dataloader shards DataLoaders and refuses other sources; false:
   // every loader is used as given (it must shard itself).
   bool use_distributed_sampler = true;
+  // Where ranks, world size, main address and port and the rendezvous come
+  // from. nullptr: the one detect_cluster_environment() picks when the
+  // strategy is made. The strategy holds it for its lifetime, in the
+  // workers too: one that does not create its processes itself must answer
+  // there from the names fulgur's launcher sets (LightningEnvironment's).
+  std::shared_ptr<ClusterEnvironment> cluster_environment;
 };
 
 class ParallelStrategy : public Strategy {
@@ -52,7 +58,8 @@ class ParallelStrategy : public Strategy {
   c10::Device root_device() const override;
   const std::vector<int64_t>& parallel_devices() const { return parallel_devices_; }
   const ParallelOptions& parallel_options() const { return options_; }
-  bool launched() const { return launched_; }
+  // Held from construction; asked for ranks and the rendezvous in setup_environment.
+  const ClusterEnvironment& cluster_environment() const { return *cluster_environment_; }
   // The process group (nullptr before launch).
   const std::shared_ptr<Collectives>& collectives() const { return collectives_; }
 
@@ -66,9 +73,6 @@ class ParallelStrategy : public Strategy {
   at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads = false) override;
   c10::IValue broadcast(const c10::IValue& value, int64_t src = 0) override;
   void barrier(const std::string& name = "") override;
-  // One all-reduce without the shape check (the trainer asks every step
-  // whether a rank received a stop signal).
-  bool reduce_boolean_decision(bool decision, bool all = true) override;
   // Rank 0 writes; every rank must call. When rank 0's write fails (the
   // CheckpointIO refuses storage_options, the disk is full), every rank
   // throws: rank 0 its own exception, the others the same type
@@ -84,9 +88,13 @@ class ParallelStrategy : public Strategy {
  protected:
   // Every parameter and buffer takes rank 0's value (flattened, one broadcast per dtype).
   void sync_module_states();
+  // One all-reduce without the shape check (the trainer asks every few steps
+  // whether a rank received a stop signal).
+  int64_t count_true(bool decision) override;
 
   std::vector<int64_t> parallel_devices_;
   ParallelOptions options_;
+  std::shared_ptr<ClusterEnvironment> cluster_environment_;
   std::unique_ptr<Launcher> launcher_;
   std::shared_ptr<Collectives> collectives_;
   bool launched_ = false;
@@ -127,7 +135,6 @@ class XLAStrategy : public DDPStrategy {
   void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
                        const StorageOptions& storage_options = {}) override;
   void teardown() override;
-  bool debug() const { return options_.debug; }
 
  protected:
   std::unique_ptr<detail::GradientSync> make_gradient_sync() override;

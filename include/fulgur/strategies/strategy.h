@@ -6,10 +6,11 @@
 //    XLACheckpointIO and XLAPrecision in their constructors and refuse others);
 //  - the module it runs (connect), and from setup on the optimizers and
 //    schedulers its configure_optimizers returned (optimizer_config).
-// ParallelStrategy (ddp.h) also holds its Launcher, made by its constructor
-// from the cluster environment detected then, and in each worker, from
-// setup_environment to teardown, the process group (collectives). The cluster
-// environment is detected where it is needed, not held.
+// ParallelStrategy (ddp.h) also holds a ClusterEnvironment (given in its
+// ParallelOptions, or detected once by its constructor), its Launcher, made
+// by the constructor from what that environment says, and in each worker,
+// from setup_environment to teardown, the process group (collectives), formed
+// where the environment's rendezvous() says.
 
 #include <fulgur/accelerators/accelerator.h>
 #include <fulgur/data/data_loader.h>
@@ -24,6 +25,9 @@
 #include <vector>
 
 namespace fulgur {
+
+// How Strategy::reduce_boolean_decision combines the ranks' decisions.
+enum class DecisionRule { kAll, kAny };
 
 class Strategy {
  public:
@@ -97,8 +101,9 @@ class Strategy {
   // every rank; one on src's device is on each rank's root_device().
   virtual c10::IValue broadcast(const c10::IValue& value, int64_t src = 0);
   virtual void barrier(const std::string& name = "");
-  // True on every rank if `decision` is true on all ranks (all=true) or on any.
-  virtual bool reduce_boolean_decision(bool decision, bool all = true);
+  // The same answer on every rank: whether `decision` is true on all ranks
+  // (DecisionRule::kAll) or on at least one (kAny). Every rank must call.
+  bool reduce_boolean_decision(bool decision, DecisionRule rule = DecisionRule::kAll);
 
   // --- Data --------------------------------------------------------------------------
   virtual std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader);
@@ -111,6 +116,9 @@ class Strategy {
   virtual void remove_checkpoint(const std::string& path);
 
  protected:
+  // How many ranks hold a true `decision` (reduce_boolean_decision's count).
+  virtual int64_t count_true(bool decision);
+
   std::shared_ptr<Accelerator> accelerator_;
   std::shared_ptr<CheckpointIO> checkpoint_io_;
   std::shared_ptr<Precision> precision_;

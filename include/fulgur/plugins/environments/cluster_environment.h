@@ -1,12 +1,35 @@
 #pragma once
 // ClusterEnvironment: who this process is in the job (ranks, world size,
-// where the rendezvous is), read from the environment of its launcher.
+// where the rendezvous is), read from the environment of its launcher. Each
+// answer is read from the variables when asked, so one object made in the
+// launching process also answers in the workers it forks. A ParallelStrategy
+// holds one (ParallelOptions::cluster_environment, else the one
+// detect_cluster_environment() picks when the strategy is made).
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
 namespace fulgur {
+
+// Where the processes of a job meet to form their process group.
+struct RendezvousPoint {
+  // Not empty: a FileStore at this path (fulgur's launcher on one node); the
+  // fields below are then unused.
+  std::string store_path;
+  // Else a TCPStore at host:port ...
+  std::string host = "127.0.0.1";
+  int port = 0;
+  // ... served by someone else (node 0's fulgur launcher, torchrun's agent)
+  // instead of by global rank 0,
+  bool store_served_externally = false;
+  // with this job's keys under this prefix (empty: none).
+  std::string store_prefix;
+  // The address Gloo binds to (FULGUR_BIND_ADDRESS) and the interfaces it may
+  // use (GLOO_SOCKET_IFNAME); empty: chosen from `host`.
+  std::string bind_address;
+  std::string socket_ifname;
+};
 
 class ClusterEnvironment {
  public:
@@ -21,6 +44,14 @@ class ClusterEnvironment {
   virtual int64_t global_rank() const = 0;
   virtual int64_t local_rank() const = 0;
   virtual int64_t node_rank() const = 0;
+  // Throws std::invalid_argument when this environment cannot run
+  // num_nodes x num_devices processes (the base accepts any).
+  virtual void validate_settings(int64_t /*num_devices*/, int64_t /*num_nodes*/) const {}
+  // Processes on this node: LOCAL_WORLD_SIZE, 0 when it is not set.
+  virtual int64_t local_world_size() const;
+  // A TCP store at main_address():main_port() served by global rank 0, with
+  // FULGUR_BIND_ADDRESS and GLOO_SOCKET_IFNAME.
+  virtual RendezvousPoint rendezvous() const;
 };
 
 // torchrun / Lightning names: MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK,
@@ -36,6 +67,14 @@ class LightningEnvironment : public ClusterEnvironment {
   int64_t global_rank() const override;
   int64_t local_rank() const override;
   int64_t node_rank() const override;
+  // In a worker of fulgur's launcher, the store it made for the launch (a
+  // file store on one node; node 0's TCP store, one key prefix per launch,
+  // across nodes); under torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE
+  // =True), that store with one prefix per restart; else the default.
+  RendezvousPoint rendezvous() const override;
+  // When fulgur's launcher starts the nodes (num_nodes > 1, no RANK set):
+  // MASTER_ADDR, MASTER_PORT and NODE_RANK must be set.
+  void validate_settings(int64_t num_devices, int64_t num_nodes) const override;
   // Set by the launcher inside a worker.
   static bool is_set();
 };
@@ -66,6 +105,8 @@ class SLURMEnvironment : public ClusterEnvironment {
   int64_t global_rank() const override;
   int64_t local_rank() const override;
   int64_t node_rank() const override;
+  // SLURM_NTASKS must be num_nodes x num_devices (one task per device).
+  void validate_settings(int64_t num_devices, int64_t num_nodes) const override;
   static bool detect();
   // The first host of a SLURM node list: "gpu[03-05,9],cpu1" -> "gpu03".
   static std::string first_host(const std::string& nodelist);

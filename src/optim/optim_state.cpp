@@ -1,4 +1,6 @@
-#include "trainer/optim_state.h"
+#include "optim/optim_state.h"
+
+#include "optim/fused_adam.h"
 
 #include "serialize/torch_archive.h"
 
@@ -18,6 +20,9 @@ namespace {
 using fulgur::make_dict;
 using Dict = c10::Dict<std::string, c10::IValue>;
 using torch::optim::OptimizerParamState;
+using TensorMap = std::function<at::Tensor(const at::Tensor&)>;
+
+}  // namespace
 
 // What a checkpoint holds for one parameter's state, as Python names it.
 struct StateReader {
@@ -63,22 +68,25 @@ struct StateReader {
   }
 };
 
+namespace {
+
 at::Tensor cpu(const at::Tensor& t) { return t.to(torch::kCPU); }
 c10::IValue step_tensor(int64_t step) { return torch::tensor(static_cast<double>(step), torch::kFloat32); }
 
-// One entry per optimizer type fulgur saves: how its hyper-parameters and its
-// per-parameter state map to Python's names.
-struct Adapter {
-  const char* name;
-  std::function<bool(torch::optim::Optimizer&)> matches;
-  std::function<void(const torch::optim::OptimizerOptions&, Dict&)> options;
-  std::function<Dict(OptimizerParamState&)> save;
-  std::function<std::unique_ptr<OptimizerParamState>(const StateReader&)> load;
-};
-
 template <typename Opt>
-bool is(torch::optim::Optimizer& o) {
-  return dynamic_cast<Opt*>(&o) != nullptr;
+bool is(const torch::optim::Optimizer& o) {
+  return dynamic_cast<const Opt*>(&o) != nullptr;
+}
+
+at::Tensor mapped(const at::Tensor& t, const TensorMap& f) { return t.defined() ? f(t) : t; }
+
+template <typename State>
+void map_adam(OptimizerParamState& base, const TensorMap& f) {
+  auto* s = dynamic_cast<State*>(&base);
+  if (!s) return;
+  s->exp_avg(mapped(s->exp_avg(), f));
+  s->exp_avg_sq(mapped(s->exp_avg_sq(), f));
+  s->max_exp_avg_sq(mapped(s->max_exp_avg_sq(), f));
 }
 
 template <typename State>
@@ -112,10 +120,12 @@ void adam_options(const torch::optim::OptimizerOptions& o, Dict& d) {
   d.insert("amsgrad", s.amsgrad());
 }
 
-const std::vector<Adapter>& adapters() {
+// The order matters only for types derived from another in the table (none
+// in libtorch 1.13): the first match serves.
+const std::vector<OptimizerAdapter>& adapters() {
   using namespace torch::optim;
-  static const std::vector<Adapter> table = {
-      {"SGD", is<SGD>,
+  static const std::vector<OptimizerAdapter> table = {
+      {"SGD", typeid(SGD), is<SGD>,
        [](const OptimizerOptions& o, Dict& d) {
          const auto& s = static_cast<const SGDOptions&>(o);
          d.insert("lr", s.lr());
@@ -134,10 +144,16 @@ const std::vector<Adapter>& adapters() {
          auto st = std::make_unique<SGDParamState>();
          if (r.has("momentum_buffer")) st->momentum_buffer(r.tensor("momentum_buffer"));
          return st;
-       }},
-      {"AdamW", is<AdamW>, adam_options<AdamWOptions>, save_adam<AdamWParamState>, load_adam<AdamWParamState>},
-      {"Adam", is<Adam>, adam_options<AdamOptions>, save_adam<AdamParamState>, load_adam<AdamParamState>},
-      {"RMSprop", is<RMSprop>,
+       },
+       [](OptimizerParamState& base, const TensorMap& f) {
+         if (auto* st = dynamic_cast<SGDParamState*>(&base)) st->momentum_buffer(mapped(st->momentum_buffer(), f));
+       },
+       nullptr},
+      {"AdamW", typeid(AdamW), is<AdamW>, adam_options<AdamWOptions>, save_adam<AdamWParamState>,
+       load_adam<AdamWParamState>, map_adam<AdamWParamState>, fused_adamw_step},
+      {"Adam", typeid(Adam), is<Adam>, adam_options<AdamOptions>, save_adam<AdamParamState>, load_adam<AdamParamState>,
+       map_adam<AdamParamState>, fused_adam_step},
+      {"RMSprop", typeid(RMSprop), is<RMSprop>,
        [](const OptimizerOptions& o, Dict& d) {
          const auto& s = static_cast<const RMSpropOptions&>(o);
          d.insert("lr", s.lr());
@@ -163,8 +179,16 @@ const std::vector<Adapter>& adapters() {
          if (r.has("momentum_buffer")) st->momentum_buffer(r.tensor("momentum_buffer"));
          if (r.has("grad_avg")) st->grad_avg(r.tensor("grad_avg"));
          return st;
-       }},
-      {"Adagrad", is<Adagrad>,
+       },
+       [](OptimizerParamState& base, const TensorMap& f) {
+         auto* st = dynamic_cast<RMSpropParamState*>(&base);
+         if (!st) return;
+         st->square_avg(mapped(st->square_avg(), f));
+         st->momentum_buffer(mapped(st->momentum_buffer(), f));
+         st->grad_avg(mapped(st->grad_avg(), f));
+       },
+       nullptr},
+      {"Adagrad", typeid(Adagrad), is<Adagrad>,
        [](const OptimizerOptions& o, Dict& d) {
          const auto& s = static_cast<const AdagradOptions&>(o);
          d.insert("lr", s.lr());
@@ -185,21 +209,18 @@ const std::vector<Adapter>& adapters() {
          st->step(r.step());
          st->sum(r.tensor("sum"));
          return st;
-       }},
+       },
+       [](OptimizerParamState& base, const TensorMap& f) {
+         if (auto* st = dynamic_cast<AdagradParamState*>(&base)) st->sum(mapped(st->sum(), f));
+       },
+       nullptr},
   };
   return table;
 }
 
-const Adapter* adapter_for(torch::optim::Optimizer& opt) {
-  for (const Adapter& a : adapters()) {
-    if (a.matches(opt)) return &a;
-  }
-  return nullptr;
-}
-
 std::string supported() {
   std::string s;
-  for (const Adapter& a : adapters()) s += (s.empty() ? "" : ", ") + std::string(a.name);
+  for (const OptimizerAdapter& a : adapters()) s += (s.empty() ? "" : ", ") + std::string(a.name);
   return s;
 }
 
@@ -210,10 +231,17 @@ c10::IValue get(const Dict& d, const char* key, const std::string& where) {
 
 }  // namespace
 
+const OptimizerAdapter* optimizer_adapter(const torch::optim::Optimizer& optimizer) {
+  for (const OptimizerAdapter& a : adapters()) {
+    if (a.matches(optimizer)) return &a;
+  }
+  return nullptr;
+}
+
 std::string optimizer_state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 
 c10::IValue optimizer_state_dict(torch::optim::Optimizer& opt) {
-  const Adapter* a = adapter_for(opt);
+  const OptimizerAdapter* a = optimizer_adapter(opt);
   if (!a) {
     throw std::invalid_argument(std::string("cannot checkpoint an optimizer of type ") + typeid(opt).name() +
                                 ": fulgur saves the state of " + supported() +
@@ -246,7 +274,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& opt, const c10::IValue& 
     throw SerializationError(where + ": the optimizer state is a serialized libtorch archive, which older fulgur "
                              "versions wrote; it is not loaded, because loading one compiles and runs TorchScript");
   }
-  const Adapter* a = adapter_for(opt);
+  const OptimizerAdapter* a = optimizer_adapter(opt);
   if (!a) {
     throw std::invalid_argument(where + ": cannot restore an optimizer of type " + typeid(opt).name() +
                                 "; fulgur restores " + supported());
@@ -296,31 +324,17 @@ void load_optimizer_state_dict(torch::optim::Optimizer& opt, const c10::IValue& 
   for (auto& [key, st] : loaded) opt.state()[key] = std::move(st);
 }
 
+void map_state_tensors(OptimizerParamState& state, const TensorMap& f) {
+  for (const OptimizerAdapter& a : adapters()) a.map_state(state, f);
+}
+
 void optimizer_state_to_params_device(torch::optim::Optimizer& opt) {
   for (auto& g : opt.param_groups()) {
     for (auto& p : g.params()) {
       auto it = opt.state().find(optimizer_state_key(p));
       if (it == opt.state().end()) continue;
-      auto dev = p.device();
-      auto move = [&](const at::Tensor& t) { return t.defined() ? t.to(dev) : t; };
-      OptimizerParamState* st = it->second.get();
-      if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(st)) {
-        s->momentum_buffer(move(s->momentum_buffer()));
-      } else if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(st)) {
-        a->exp_avg(move(a->exp_avg()));
-        a->exp_avg_sq(move(a->exp_avg_sq()));
-        a->max_exp_avg_sq(move(a->max_exp_avg_sq()));
-      } else if (auto* b = dynamic_cast<torch::optim::AdamParamState*>(st)) {
-        b->exp_avg(move(b->exp_avg()));
-        b->exp_avg_sq(move(b->exp_avg_sq()));
-        b->max_exp_avg_sq(move(b->max_exp_avg_sq()));
-      } else if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(st)) {
-        r->square_avg(move(r->square_avg()));
-        r->momentum_buffer(move(r->momentum_buffer()));
-        r->grad_avg(move(r->grad_avg()));
-      } else if (auto* d = dynamic_cast<torch::optim::AdagradParamState*>(st)) {
-        d->sum(move(d->sum()));
-      }
+      const c10::Device dev = p.device();
+      map_state_tensors(*it->second, [&](const at::Tensor& t) { return t.to(dev); });
     }
   }
 }
