@@ -7,6 +7,8 @@
 //  - StepReducer (XLAStrategy): at the optimizer step, all gradients are
 //    flattened into as few buffers as possible and reduced together
 //    (torch_xla's reduce_gradients); lazy gradients are materialized first.
+//    On the pjrt xla backend each gradient is copied once from its PJRT buffer into the flat
+//    buffer and once from there into a new PJRT buffer.
 
 #include <fulgur/distributed/collectives.h>
 
