@@ -77,6 +77,12 @@ std::vector<IValue> run_eager_and_type(Graph& graph, const std::vector<IValue>& 
       env[n->output()] = *torch::jit::toIValue(n->output());
       continue;
     }
+    if (n->kind() == c10::prim::ListConstruct) {  // likewise an instruction of the interpreter
+      c10::List<at::Tensor> elements;
+      for (const torch::jit::Value* v : n->inputs()) elements.push_back(env.at(v).toTensor());
+      env[n->output()] = elements;
+      continue;
+    }
     if (n->kind() == c10::prim::TupleConstruct) {  // the interpreter's own instruction, no operator
       std::vector<IValue> elements;
       for (const torch::jit::Value* v : n->inputs()) elements.push_back(env.at(v));
@@ -531,6 +537,29 @@ graph(%x : Tensor, %w : Tensor, %b : Tensor, %g : Tensor):
   check(ir, {torch::randn({2, 3, 8}) * 2 + 1, torch::randn({8}), torch::randn({8}), torch::randn({2, 3, 8})},
         "[2,3,8]");
   check(ir, {torch::randn({5, 8}), torch::randn({8}), torch::randn({8}), torch::randn({5, 8})}, "[5,8]");
+}
+
+TEST(StableHlo, StackCatAndSelectCopy) {
+  // The logging's weighted mean: stack a float32 and a float64 0-d tensor (promoted), read rows
+  // back with select_copy (a negative index too); cat along a middle dim.
+  const std::string ir = R"IR(
+graph(%a : Tensor, %b : Tensor, %x : Tensor, %y : Tensor):
+  %zero : int = prim::Constant[value=0]()
+  %one : int = prim::Constant[value=1]()
+  %last : int = prim::Constant[value=-1]()
+  %l : Tensor[] = prim::ListConstruct(%a, %b)
+  %s : Tensor = aten::stack(%l, %zero)
+  %s0 : Tensor = aten::select_copy(%s, %zero, %zero)
+  %s1 : Tensor = aten::select_copy(%s, %zero, %last)
+  %m : Tensor[] = prim::ListConstruct(%x, %y, %x)
+  %c : Tensor = aten::cat(%m, %one)
+  %t : Tensor = aten::stack(%m, %last)
+  %r : Tensor = aten::select_copy(%c, %one, %last)
+  return (%s, %s0, %s1, %c, %t, %r)
+)IR";
+  torch::manual_seed(14);
+  check(ir, {torch::randn({}), torch::randn({}, torch::kDouble), torch::randn({2, 3, 4}), torch::randn({2, 3, 4})},
+        "0-d and [2,3,4]");
 }
 
 TEST(StableHlo, PowOfNegativeBasesAndTensorExponents) {
