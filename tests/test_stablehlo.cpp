@@ -77,6 +77,12 @@ std::vector<IValue> run_eager_and_type(Graph& graph, const std::vector<IValue>& 
       env[n->output()] = *torch::jit::toIValue(n->output());
       continue;
     }
+    if (n->kind() == c10::prim::ListConstruct) {  // likewise an instruction of the interpreter
+      c10::List<at::Tensor> elements;
+      for (const torch::jit::Value* v : n->inputs()) elements.push_back(env.at(v).toTensor());
+      env[n->output()] = elements;
+      continue;
+    }
     if (n->kind() == c10::prim::TupleConstruct) {  // the interpreter's own instruction, no operator
       std::vector<IValue> elements;
       for (const torch::jit::Value* v : n->inputs()) elements.push_back(env.at(v));
@@ -531,6 +537,88 @@ graph(%x : Tensor, %w : Tensor, %b : Tensor, %g : Tensor):
   check(ir, {torch::randn({2, 3, 8}) * 2 + 1, torch::randn({8}), torch::randn({8}), torch::randn({2, 3, 8})},
         "[2,3,8]");
   check(ir, {torch::randn({5, 8}), torch::randn({8}), torch::randn({8}), torch::randn({5, 8})}, "[5,8]");
+}
+
+TEST(StableHlo, StackCatAndSelectCopy) {
+  // The logging's weighted mean: stack a float32 and a float64 0-d tensor (promoted), read rows
+  // back with select_copy (a negative index too); cat along a middle dim.
+  const std::string ir = R"IR(
+graph(%a : Tensor, %b : Tensor, %x : Tensor, %y : Tensor):
+  %zero : int = prim::Constant[value=0]()
+  %one : int = prim::Constant[value=1]()
+  %last : int = prim::Constant[value=-1]()
+  %l : Tensor[] = prim::ListConstruct(%a, %b)
+  %s : Tensor = aten::stack(%l, %zero)
+  %s0 : Tensor = aten::select_copy(%s, %zero, %zero)
+  %s1 : Tensor = aten::select_copy(%s, %zero, %last)
+  %m : Tensor[] = prim::ListConstruct(%x, %y, %x)
+  %c : Tensor = aten::cat(%m, %one)
+  %t : Tensor = aten::stack(%m, %last)
+  %r : Tensor = aten::select_copy(%c, %one, %last)
+  return (%s, %s0, %s1, %c, %t, %r)
+)IR";
+  torch::manual_seed(14);
+  check(ir, {torch::randn({}), torch::randn({}, torch::kDouble), torch::randn({2, 3, 4}), torch::randn({2, 3, 4})},
+        "0-d and [2,3,4]");
+}
+
+TEST(StableHlo, PowOfNegativeBasesAndTensorExponents) {
+  // x.pow(2) and its backward's x.pow(1.0) as the lazy lowering passes them (number exponents),
+  // on negative bases too; a tensor exponent of a positive base.
+  const std::string ir = R"IR(
+graph(%x : Tensor, %p : Tensor, %e : Tensor):
+  %two : int = prim::Constant[value=2]()
+  %one : float = prim::Constant[value=1.]()
+  %a : Tensor = aten::pow(%x, %two)
+  %b : Tensor = aten::pow(%x, %one)
+  %c : Tensor = aten::pow(%p, %e)
+  return (%a, %b, %c)
+)IR";
+  torch::manual_seed(13);
+  check(ir, {torch::randn({4, 5}) * 3, torch::rand({4, 5}) + 0.1, torch::randn({5})}, "[4,5]");
+}
+
+TEST(StableHlo, BatchNormTrainsEvaluatesAndUpdatesItsRunningStatistics) {
+  // Training then evaluation on the same running statistics: the training op writes them in
+  // place (libtorch's kernel, the TorchScript interpreter), so the evaluation reads the updated
+  // ones, and @main returns them after the graph's outputs (Emission::updated_inputs).
+  const std::string ir = R"IR(
+graph(%x : Tensor, %w : Tensor, %b : Tensor, %rm : Tensor, %rv : Tensor, %g : Tensor):
+  %true : bool = prim::Constant[value=1]()
+  %false : bool = prim::Constant[value=0]()
+  %none : NoneType = prim::Constant()
+  %momentum : float = prim::Constant[value=0.10000000000000001]()
+  %eps : float = prim::Constant[value=1.0000000000000001e-05]()
+  %all : bool[] = prim::Constant[value=[1, 1, 1]]()
+  %input : bool[] = prim::Constant[value=[1, 0, 0]]()
+  %y : Tensor, %sm : Tensor, %si : Tensor = aten::native_batch_norm(%x, %w, %b, %rm, %rv, %true, %momentum, %eps)
+  %gx : Tensor, %gw : Tensor, %gb : Tensor = aten::native_batch_norm_backward(%g, %x, %w, %rm, %rv, %sm, %si, %true, %eps, %all)
+  %ye : Tensor, %em : Tensor, %ei : Tensor = aten::native_batch_norm(%x, %w, %b, %rm, %rv, %false, %momentum, %eps)
+  %gxe : Tensor, %gwe : Tensor, %gbe : Tensor = aten::native_batch_norm_backward(%g, %x, %none, %rm, %rv, %none, %none, %false, %eps, %input)
+  return (%y, %sm, %si, %gx, %gw, %gb, %ye, %em, %gxe)
+)IR";
+  torch::manual_seed(12);
+  for (const std::vector<int64_t>& dims : {std::vector<int64_t>{6, 4}, std::vector<int64_t>{3, 4, 5, 2}}) {
+    const std::string label = c10::str(c10::IntArrayRef(dims));
+    SCOPED_TRACE(label);
+    const std::vector<int64_t> c = {dims[1]};
+    const std::vector<torch::Tensor> in = {torch::randn(dims) * 3 + 1, torch::randn(c), torch::randn(c),
+                                           torch::randn(c), torch::rand(c) + 0.5, torch::randn(dims)};
+    std::vector<IValue> eager_inputs;
+    for (const auto& t : in) eager_inputs.emplace_back(t.clone());
+    const auto graph = parse(ir);
+    const std::vector<IValue> want = run_eager_and_type(*graph, eager_inputs);  // updates inputs 3 and 4
+    const Emission e = emit_stablehlo(*graph);
+    EXPECT_EQ(e.updated_inputs, (std::vector<size_t>{3, 4}));
+    EXPECT_EQ(fulgur::xla::stablehlo::inputs_updated_in_place(*graph), (std::vector<size_t>{3, 4}));
+    std::vector<IValue> inputs(in.begin(), in.end());
+    std::vector<torch::Tensor> got = run_on_pjrt(*graph, inputs);
+    ASSERT_EQ(got.size(), want.size() + 2);
+    const std::vector<torch::Tensor> updated = {got[want.size()], got[want.size() + 1]};
+    got.resize(want.size());
+    expect_same(got, want, {}, label);
+    expect_same(updated, {eager_inputs[3], eager_inputs[4]}, {}, label + " running statistics");
+  }
 }
 
 TEST(StableHlo, EmbeddingGathersRows) {

@@ -121,6 +121,8 @@ TEST(Xla, SameLossesAndParametersAsTheCpu) {
   EXPECT_TRUE(torch::allclose(rm, cpu.net->bn->running_mean, 1e-4, 1e-6));
   EXPECT_EQ(xla.net->bn->num_batches_tracked.item<int64_t>(), 24);
   EXPECT_TRUE(torch::allclose(xla.net->bn->running_var, cpu.net->bn->running_var, 1e-4, 1e-6));
+  // On pjrt every graph ran on XLA (batch norm with its running statistics included).
+  EXPECT_TRUE(xla::metrics().xla_fallbacks.empty()) << xla::metrics_report();
 }
 
 TEST(Xla, GraphsAreCompiledOnceThenTakenFromTheCache) {
@@ -269,4 +271,5 @@ TEST(Xla, Bf16TrueTrainsInBfloat16) {
   ASSERT_EQ(r.net->losses.size(), 8u);
   EXPECT_EQ(r.net->fc1->weight.scalar_type(), torch::kBFloat16);
   EXPECT_LT(r.net->losses.back(), r.net->losses.front());
+  EXPECT_TRUE(xla::metrics().xla_fallbacks.empty()) << xla::metrics_report();  // bf16 graphs on XLA, on pjrt
 }

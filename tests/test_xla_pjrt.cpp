@@ -1,10 +1,15 @@
-// xla devices on the torch::lazy backend with PJRT (FULGUR_XLA_BACKEND=pjrt): graphs emitted as
-// StableHLO, compiled and run by the real XLA CPU plugin, give the CPU's losses and parameters;
-// XLA compiles stop after warm-up; a graph with an op the emitter does not know runs on
-// TorchScript, counted and warned about once by name. Each test runs in its own process
+// xla devices on the torch::lazy backend with PJRT (FULGUR_XLA_BACKEND=pjrt, the default): graphs
+// emitted as StableHLO, compiled and run by the real XLA CPU plugin, give the CPU's losses and
+// parameters for the MLP, the MNIST CNN and MLP and the character model; XLA compiles stop after
+// warm-up and a batch-size change recompiles and warns; device data stays in PJRT buffers between
+// steps; two workers equal one with twice the batch; a graph with an op the emitter does not know
+// runs on TorchScript, counted and warned about once by name. Each test runs in its own process
 // (CTest), so the backend starts fresh from the environment each test sets.
 
 #include "support.h"
+
+#include <charlm/charlm_module.h>
+#include <mnist/mnist_module.h>
 
 #include <fulgur/xla/backend.h>
 
@@ -144,4 +149,200 @@ TEST(XlaPjrt, AnUnknownBackendNameIsAnErrorNamingTheValidOnes) {
     EXPECT_THAT(e.what(), HasSubstr("\"ts\""));
     EXPECT_THAT(e.what(), HasSubstr("\"eager\""));
   }
+}
+
+namespace {
+
+// `Base` (an example's module) with each step's loss and the XLA graph count after it recorded.
+template <class Base>
+struct Recorded : Base {
+  using Base::Base;
+  void on_train_batch_end(const StepOutput& out, const Batch&, int64_t) override {
+    losses.push_back(out.loss().item<double>());
+    xla_graphs_after_step.push_back(xla::metrics().xla_graphs_compiled);
+  }
+  std::vector<double> losses;
+  std::vector<int64_t> xla_graphs_after_step;
+};
+
+template <class M>
+struct ModelRun {
+  std::shared_ptr<M> net;
+  std::string stderr_text;
+};
+
+// One epoch over `data` in batches of `batch` on `accelerator`, from the weights `make` gives
+// after torch::manual_seed(7).
+template <class M>
+ModelRun<M> fit(const std::string& accelerator, const std::function<std::shared_ptr<M>()>& make,
+                std::shared_ptr<Dataset> data, int64_t batch) {
+  TempDir dir;
+  torch::manual_seed(7);
+  ModelRun<M> r{make(), ""};
+  Trainer t(TrainerOptions()
+                .accelerator(accelerator)
+                .devices(1)
+                .max_epochs(1)
+                .default_root_dir(dir.path)
+                .enable_progress_bar(false)
+                .enable_checkpointing(false)
+                .enable_model_summary(false)
+                .num_sanity_val_steps(0));
+  ::testing::internal::CaptureStderr();
+  try {
+    t.fit(*r.net, std::make_shared<DataLoader>(std::move(data), DataLoaderOptions(batch)));
+  } catch (...) {
+    r.stderr_text = ::testing::internal::GetCapturedStderr();
+    throw;
+  }
+  r.stderr_text = ::testing::internal::GetCapturedStderr();
+  return r;
+}
+
+// Losses of every step and parameters after them within `tol` of the CPU's; no graph kept on
+// TorchScript; XLA compiled nothing after step 4.
+template <class M>
+void expect_like_the_cpu(const ModelRun<M>& cpu, const ModelRun<M>& xla, size_t steps, double tol) {
+  ASSERT_EQ(cpu.net->losses.size(), steps);
+  ASSERT_EQ(xla.net->losses.size(), steps);
+  for (size_t i = 0; i < steps; ++i) EXPECT_NEAR(xla.net->losses[i], cpu.net->losses[i], tol) << "step " << i;
+  EXPECT_LT(cpu.net->losses.back(), cpu.net->losses.front());
+  auto a = cpu.net->named_parameters(), b = xla.net->named_parameters();
+  for (const auto& p : a) {
+    ASSERT_TRUE(b[p.key()].device().is_cpu()) << p.key();
+    EXPECT_LE((b[p.key()] - p.value()).abs().max().template item<double>(), tol) << p.key();
+  }
+  const auto m = xla::metrics();
+  EXPECT_EQ(xla::backend().name(), "pjrt");
+  EXPECT_TRUE(m.xla_fallbacks.empty()) << xla::metrics_report();
+  EXPECT_EQ(m.ts_fallback_executions, 0);
+  const auto& g = xla.net->xla_graphs_after_step;
+  EXPECT_GT(g[4], 0);
+  EXPECT_EQ(g.back(), g[4]) << "XLA was still compiling graphs after warm-up";
+}
+
+// n random 28x28 images with random labels.
+std::shared_ptr<Dataset> random_images(int64_t n) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  return std::make_shared<TensorDataset>(at::rand({n, 1, 28, 28}, gen), at::randint(0, 10, {n}, gen));
+}
+
+}  // namespace
+
+TEST(XlaPjrt, MnistCnnTrainsWithTheEagerLossesAndParameters) {
+  using Cnn = Recorded<mnist::CNN>;
+  auto make = [] { return std::make_shared<Cnn>(1e-3); };
+  auto cpu = fit<Cnn>("cpu", make, random_images(160), 8);
+  auto xla = fit<Cnn>("xla", make, random_images(160), 8);
+  expect_like_the_cpu(cpu, xla, 20, 1e-4);
+}
+
+TEST(XlaPjrt, MnistMlpTrainsWithTheEagerLossesAndParameters) {
+  using Mlp = Recorded<mnist::MLP>;
+  auto make = [] { return std::make_shared<Mlp>(1e-3); };
+  auto cpu = fit<Mlp>("cpu", make, random_images(160), 8);
+  auto xla = fit<Mlp>("xla", make, random_images(160), 8);
+  expect_like_the_cpu(cpu, xla, 20, 1e-4);
+}
+
+TEST(XlaPjrt, CharlmTrainsWithTheEagerLossesAndParameters) {
+  using Lm = Recorded<charlm::CharLM>;
+  charlm::Config cfg;
+  cfg.vocab_size = 13;
+  cfg.block_size = 16;
+  cfg.n_embd = 32;
+  cfg.n_head = 2;
+  cfg.n_layer = 1;
+  auto make = [cfg] { return std::make_shared<Lm>(cfg); };
+  // Windows of a cycle through the 13 tokens from random starts: each next token is learnable.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  auto tokens = (at::randint(0, 13, {80, 1}, gen) + at::arange(17).view({1, 17})).remainder(13);
+  auto data = std::make_shared<TensorDataset>(tokens.narrow(1, 0, 16).contiguous(), tokens.narrow(1, 1, 16).contiguous());
+  auto cpu = fit<Lm>("cpu", make, data, 4);
+  auto xla = fit<Lm>("xla", make, data, 4);
+  expect_like_the_cpu(cpu, xla, 20, 1e-4);
+}
+
+TEST(XlaPjrt, ABatchSizeChangeRecompilesAndWarns) {
+  using Mlp = Recorded<mnist::MLP>;
+  auto make = [] { return std::make_shared<Mlp>(1e-3); };
+  auto r = fit<Mlp>("xla", make, random_images(8 * 8 + 3), 8);  // 8 full batches, then one of 3
+  const auto& g = r.net->xla_graphs_after_step;
+  ASSERT_EQ(g.size(), 9u);
+  EXPECT_EQ(g[7], g[4]);
+  EXPECT_GT(g[8], g[7]) << "XLA compiled no graph for the batch of 3";
+  EXPECT_THAT(r.stderr_text, HasSubstr("xla graph recompiled at step 8"));
+  EXPECT_THAT(r.stderr_text, HasSubstr("from [8, 1, 28, 28], [8] to [3, 1, 28, 28], [3]"));
+}
+
+TEST(XlaPjrt, DeviceDataStaysOnTheDeviceBetweenSteps) {
+  // 64 steps of the Linear+ReLU MLP (161 parameters, 644 bytes as float). Each step uploads its
+  // batch (8 x 9 floats, 288 bytes) and a few numbers, and downloads its loss (4 bytes, item());
+  // parameters and Adam's state stay in PJRT buffers (uploaded once, downloaded once at the end
+  // of fit). Round-tripping them would move about 3 x 644 bytes each way per step.
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  TempDir dir;
+  torch::manual_seed(7);
+  Mlp net(false);
+  Trainer t(TrainerOptions().accelerator("xla").devices(1).max_epochs(2).default_root_dir(dir.path)
+                .enable_progress_bar(false).enable_checkpointing(false).enable_model_summary(false));
+  t.fit(net, std::make_shared<DataLoader>(regression_data(256), DataLoaderOptions(8)));
+  ASSERT_EQ(net.losses.size(), 64u);
+  const auto m = xla::metrics();
+  EXPECT_GT(m.xla_executions, 64);
+  const double up_per_step = static_cast<double>(m.bytes_to_device) / 64;
+  const double down_per_step = static_cast<double>(m.bytes_to_host) / 64;
+  EXPECT_LT(up_per_step, 288 + 644) << xla::metrics_report();
+  EXPECT_LT(down_per_step, 644) << xla::metrics_report();
+}
+
+namespace {
+
+// On every worker at the end of fit: the graphs ran on XLA, none on TorchScript, and this rank's
+// parameters equal rank 0's bit for bit.
+struct CheckedOnPjrt : fulgur::testing::TinyRegression {
+  void on_fit_end() override {
+    auto fail = [](const std::string& what) { throw std::runtime_error("in worker: " + what); };
+    const auto m = xla::metrics();
+    if (xla::backend().name() != "pjrt") fail("backend " + xla::backend().name());
+    if (m.xla_executions == 0 || !m.xla_fallbacks.empty()) fail("not on XLA: " + xla::metrics_report());
+    std::vector<torch::Tensor> flat;
+    for (auto& p : parameters()) flat.push_back(p.detach().to(torch::kCPU).reshape({-1}));
+    auto all = trainer()->strategy().all_gather(torch::cat(flat));
+    for (int64_t r = 1; r < all.size(0); ++r)
+      if (!torch::equal(all[0], all[r])) fail("rank " + std::to_string(r) + "'s parameters differ from rank 0's");
+  }
+};
+
+torch::Tensor flat_parameters(torch::nn::Module& m) {
+  std::vector<torch::Tensor> flat;
+  for (auto& p : m.parameters()) flat.push_back(p.detach().reshape({-1}));
+  return torch::cat(flat);
+}
+
+}  // namespace
+
+TEST(XlaPjrt, TwoWorkersEqualOneWorkerWithTwiceTheBatch) {
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  TempDir dir;
+  auto options = [&](const std::string& strategy, int devices) {
+    return TrainerOptions().accelerator("xla").strategy(strategy).devices(devices).max_epochs(2)
+        .default_root_dir(dir.path).enable_progress_bar(false).enable_checkpointing(false)
+        .enable_model_summary(false).num_sanity_val_steps(0).collective_timeout_ms(20000);
+  };
+  auto loader = [](int64_t batch) {
+    return std::make_shared<DataLoader>(regression_data(64), DataLoaderOptions(batch).shuffle(true).seed(4));
+  };
+  torch::manual_seed(0);
+  CheckedOnPjrt two;
+  torch::manual_seed(0);
+  fulgur::testing::TinyRegression one;
+  Trainer t2(options("xla", 2));
+  t2.fit(two, loader(4));
+  Trainer t1(options("single_xla", 1));
+  t1.fit(one, loader(8));
+  EXPECT_EQ(t2.global_step(), 16);
+  EXPECT_TRUE(torch::allclose(flat_parameters(two), flat_parameters(one), 1e-5, 1e-6))
+      << flat_parameters(two) << "\n" << flat_parameters(one);
+  EXPECT_GT(xla::metrics().xla_executions, 0);  // the one-worker run, in this process
 }

@@ -1,6 +1,9 @@
 #include "distributed/gradient_sync.h"
 
 #include "runtime/plain_tensor.h"
+#include "xla/pjrt_backend.h"
+
+#include <fulgur/xla/backend.h>
 
 #include <torch/torch.h>
 
@@ -198,7 +201,8 @@ class StepReducer : public GradientSync {
         const auto& p = params_[b.params[j]];
         auto slice = b.flat.narrow(0, b.offsets[j], p.numel());
         if (p.grad().defined()) {
-          slice.copy_(p.grad().to(torch::kCPU).reshape({-1}));
+          // A gradient in a PJRT buffer is read straight into the bucket.
+          if (!xla::copy_device_value_to_host(p.grad(), slice)) slice.copy_(p.grad().to(torch::kCPU).reshape({-1}));
         } else {
           slice.zero_();
         }
@@ -206,6 +210,7 @@ class StepReducer : public GradientSync {
       b.pending = collectives_->all_reduce_async(b.flat, ReduceOp::kSum);
     }
     const double inv = 1.0 / static_cast<double>(collectives_->world_size());
+    const bool pjrt = xla::backend_started() && xla::backend().name() == "pjrt";
     for (auto& b : buckets_) {
       b.pending->wait();
       b.pending.reset();
@@ -219,6 +224,9 @@ class StepReducer : public GradientSync {
           } else {
             p.mutable_grad() = slice.clone();
           }
+        } else if (pjrt) {
+          // Uploaded from the bucket into a new PJRT buffer: one copy.
+          p.mutable_grad() = xla::device_tensor_from_host(slice, p.device());
         } else {
           // A lazy tensor keeps a reference to its data: give it its own copy.
           p.mutable_grad() = slice.clone().to(p.device());

@@ -7,7 +7,9 @@
 //  - StepReducer (XLAStrategy): at the optimizer step, all gradients are
 //    flattened into as few buffers as possible and reduced together
 //    (torch_xla's reduce_gradients). On lazy devices the gradients must be
-//    materialized before finalize() (XLAStrategy marks the step first).
+//    materialized before finalize() (XLAStrategy marks the step first). On
+//    the pjrt xla backend each gradient is copied once from its PJRT buffer
+//    into the flat buffer and once from there into a new PJRT buffer.
 
 #include <fulgur/distributed/collectives.h>
 

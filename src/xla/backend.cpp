@@ -77,7 +77,7 @@ Backend& backend() {
   auto& b = instance();
   if (!b) {
     const char* env = std::getenv("FULGUR_XLA_BACKEND");
-    const std::string name = env && *env ? env : "ts";
+    const std::string name = env && *env ? env : "pjrt";
     if (name == "eager") {
       b = std::make_unique<EagerBackend>();
     } else if (name == "ts" || name == "lazy") {  // "lazy": the name before "pjrt" existed
@@ -86,7 +86,7 @@ Backend& backend() {
       b = make_lazy_backend(true);
     } else {
       throw std::invalid_argument("FULGUR_XLA_BACKEND='" + name +
-                                  "' is not a backend; valid: \"ts\" (the default), \"pjrt\", \"eager\"");
+                                  "' is not a backend; valid: \"pjrt\" (the default), \"ts\", \"eager\"");
     }
   }
   return *b;

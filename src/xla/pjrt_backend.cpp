@@ -4,15 +4,18 @@
 
 #include "runtime/log.h"
 
+#include <ATen/FunctionalTensorWrapper.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/lazy/backend/backend_interface.h>
 #include <torch/csrc/lazy/core/ir.h>
+#include <torch/csrc/lazy/core/tensor.h>
+#include <torch/csrc/lazy/core/tensor_util.h>
 #include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
 #include <torch/csrc/lazy/ts_backend/ts_lowering_context.h>
 #include <torch/torch.h>
 
 #include <chrono>
-#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -31,12 +34,85 @@ std::mutex metrics_mu;
 PjrtBackendMetrics metrics_;
 std::set<std::string> warned_;
 
+void count_bytes(int64_t up, int64_t down) {
+  std::lock_guard<std::mutex> lock(metrics_mu);
+  metrics_.bytes_to_device += up;
+  metrics_.bytes_to_host += down;
+}
+
+// Device data of this backend: a PJRT buffer on the process's device. It derives from TSData
+// because the TorchScript lowering casts every parameter to TSData to read `scalar`; numbers
+// (MakeComputationDataFromScalar) stay plain TSData. A placeholder (CreateDataPlaceholder) has
+// no buffer until the lazy core assigns it an execution's result. PJRT buffers are immutable,
+// so the buffer is shared, never copied, when data is assigned.
+class PjrtData : public lazy::TSData {
+ public:
+  PjrtData(const lazy::Shape& shape, const lazy::BackendDevice& device) : lazy::TSData(shape, device) {}
+  PjrtData(std::shared_ptr<const pjrt::Buffer> buffer, const lazy::Shape& shape, const lazy::BackendDevice& device)
+      : lazy::TSData(shape, device), buffer_(std::move(buffer)) {}
+
+  bool HasValue() const override { return buffer_ != nullptr; }
+  void Assign(const lazy::BackendData& data) override;
+
+  const std::shared_ptr<const pjrt::Buffer>& buffer() const { return buffer_; }
+  // The value after a graph updated this input in place (a batch norm's running statistics).
+  void set_buffer(std::shared_ptr<const pjrt::Buffer> buffer) { buffer_ = std::move(buffer); }
+
+ private:
+  std::shared_ptr<const pjrt::Buffer> buffer_;
+};
+
+lazy::Shape shape_of(const at::Tensor& t) {
+  return lazy::Shape(t.scalar_type(), std::vector<int64_t>(t.sizes().begin(), t.sizes().end()));
+}
+
+std::shared_ptr<const pjrt::Buffer> upload(const at::Tensor& t) {
+  auto b = std::make_shared<const pjrt::Buffer>(pjrt::to_device(pjrt::process_client(), t));
+  count_bytes(static_cast<int64_t>(t.nbytes()), 0);
+  return b;
+}
+
+at::Tensor download(const pjrt::Buffer& b) {
+  at::Tensor t = pjrt::to_tensor(b);
+  count_bytes(0, static_cast<int64_t>(t.nbytes()));
+  return t;
+}
+
+void PjrtData::Assign(const lazy::BackendData& data) {
+  if (const auto* p = dynamic_cast<const PjrtData*>(&data)) {
+    buffer_ = p->buffer_;
+    return;
+  }
+  // Host data of the TorchScript backend (none reaches here today; kept correct all the same).
+  auto& ts = const_cast<lazy::TSData&>(static_cast<const lazy::TSData&>(data));
+  buffer_ = ts.HasValue() ? upload(ts.data()) : nullptr;
+}
+
+// The CPU tensor of a device datum: downloaded from its buffer, or the TorchScript data's own.
+at::Tensor host_tensor(const lazy::BackendDataPtr& data) {
+  if (const auto* p = dynamic_cast<const PjrtData*>(data.get())) {
+    if (!p->buffer())
+      throw std::logic_error("xla (pjrt): reading device data that holds no value yet (shape " +
+                             p->shape().to_string() + ")");
+    return download(*p->buffer());
+  }
+  return std::static_pointer_cast<lazy::TSData>(data)->data();
+}
+
 // A TorchScript computation that, when XLA compiled its graph, runs on PJRT instead.
 class PjrtComputation : public lazy::TSComputation {
  public:
-  PjrtComputation(const std::shared_ptr<torch::jit::Graph>& graph, std::shared_ptr<pjrt::Executable> exe)
-      : lazy::TSComputation(graph), executable(std::move(exe)) {}
+  PjrtComputation(const std::shared_ptr<torch::jit::Graph>& graph, std::shared_ptr<pjrt::Executable> exe,
+                  std::vector<lazy::Shape> output_shapes, std::vector<size_t> updated_inputs)
+      : lazy::TSComputation(graph),
+        executable(std::move(exe)),
+        output_shapes(std::move(output_shapes)),
+        updated_inputs(std::move(updated_inputs)) {}
   std::shared_ptr<pjrt::Executable> executable;  // null: run by TorchScript
+  std::vector<lazy::Shape> output_shapes;          // of the graph's outputs, when run by XLA
+  // Arguments the graph updates in place (stablehlo::Emission::updated_inputs); on XLA their new
+  // values are the results after the graph's outputs.
+  std::vector<size_t> updated_inputs;
 };
 
 // The graph with the tensor types this backend set taken off again, for the TorchScript
@@ -52,6 +128,17 @@ std::shared_ptr<torch::jit::Graph> untyped_copy(torch::jit::Graph& g) {
     for (auto* v : n->outputs()) untype(v);
   }
   return copy;
+}
+
+std::vector<lazy::Shape> output_shapes_of(const torch::jit::Graph& g) {
+  std::vector<lazy::Shape> shapes;
+  for (const auto* v : g.outputs()) {
+    const auto t = v->type()->cast<c10::TensorType>();
+    if (!t || !t->scalarType() || !t->sizes().concrete_sizes())
+      throw std::invalid_argument("graph output %" + v->debugName() + " is not a typed tensor");
+    shapes.emplace_back(*t->scalarType(), *t->sizes().concrete_sizes());
+  }
+  return shapes;
 }
 
 void note_fallback(const std::vector<std::string>& reasons) {
@@ -77,9 +164,12 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
   void SetRngSeed(size_t seed) const override { ts()->SetRngSeed(seed); }
   const lazy::IrBuilder* GetIrBuilder() const override { return ts()->GetIrBuilder(); }
   bool ShouldSyncTensor(const lazy::LazyTensorPtr tensor) const override { return ts()->ShouldSyncTensor(tensor); }
+
+  // Uploaded at once: the caller's tensor may change after this returns.
   lazy::BackendDataPtr MakeComputationDataFromTensor(const at::Tensor& tensor, const lazy::Shape& shape,
                                                      const lazy::BackendDevice& device) const override {
-    return ts()->MakeComputationDataFromTensor(tensor, shape, device);
+    const at::Tensor t = tensor.scalar_type() == shape.scalar_type() ? tensor : tensor.to(shape.scalar_type());
+    return std::make_shared<PjrtData>(upload(t), shape, device);
   }
   lazy::BackendDataPtr MakeComputationDataFromScalar(const at::Scalar& scalar,
                                                      const lazy::BackendDevice& device) const override {
@@ -87,13 +177,15 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
   }
   lazy::BackendDataPtr CreateDataPlaceholder(const lazy::BackendDevice& device,
                                              const lazy::Shape& shape) const override {
-    return ts()->CreateDataPlaceholder(device, shape);
+    return std::make_shared<PjrtData>(shape, device);
   }
   lazy::BackendDataPtr GetComputationDataFromNode(lazy::Node* node) const override {
     return ts()->GetComputationDataFromNode(node);
   }
+  // A new CPU tensor each time (the caller may write into it).
   at::Tensor MakeTensorFromComputationData(const lazy::BackendDataPtr data,
                                            c10::optional<at::ScalarType> logical_scalar_type) const override {
+    if (dynamic_cast<const PjrtData*>(data.get())) return host_tensor(data);
     return ts()->MakeTensorFromComputationData(data, logical_scalar_type);
   }
 
@@ -118,7 +210,7 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
       torch::jit::Value* v = graph->inputs()[k];
       if (!v->type()->cast<c10::TensorType>()) continue;
       auto d = std::static_pointer_cast<lazy::TSData>(params[k]);
-      if (d->HasValue()) {
+      if (!dynamic_cast<PjrtData*>(d.get()) && d->HasValue()) {
         const at::Tensor t = d->data();
         v->setType(c10::TensorType::createContiguous(t.scalar_type(), c10::kCPU, t.sizes()));
       } else {
@@ -144,9 +236,13 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
       const auto t0 = std::chrono::steady_clock::now();
       std::vector<std::string> reasons;
       std::shared_ptr<pjrt::Executable> exe;
+      std::vector<lazy::Shape> shapes;
+      std::vector<size_t> updated;
       try {
         stablehlo::Emission e = stablehlo::emit_stablehlo(*graph);
         if (e.unsupported.empty()) {
+          shapes = output_shapes_of(*graph);
+          updated = e.updated_inputs;
           exe = std::make_shared<pjrt::Executable>(pjrt::process_client().compile(e.module));
         } else {
           reasons = e.unsupported;
@@ -157,13 +253,14 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::shared_ptr<PjrtComputation> c;
       if (exe) {
-        c = std::make_shared<PjrtComputation>(graph, std::move(exe));
+        c = std::make_shared<PjrtComputation>(graph, std::move(exe), std::move(shapes), std::move(updated));
         std::lock_guard<std::mutex> lock(metrics_mu);
         ++metrics_.graphs_compiled;
         metrics_.compile_seconds += dt;
       } else {
         note_fallback(reasons);
-        c = std::make_shared<PjrtComputation>(untyped_copy(*graph), nullptr);
+        c = std::make_shared<PjrtComputation>(untyped_copy(*graph), nullptr, std::vector<lazy::Shape>{},
+                                              stablehlo::inputs_updated_in_place(*graph));
       }
       c->in_mark_step = instance->in_mark_step;
       out.push_back(std::move(c));
@@ -175,18 +272,20 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
                                                        c10::ArrayRef<lazy::BackendDataPtr> arguments,
                                                        const lazy::BackendDevice& device) const override {
     auto* pc = dynamic_cast<PjrtComputation*>(computation.get());
-    if (!pc || !pc->executable) {
-      {
-        std::lock_guard<std::mutex> lock(metrics_mu);
-        ++metrics_.fallback_executions;
-      }
-      return ts()->ExecuteComputation(computation, arguments, device);
-    }
-    auto& client = pjrt::process_client();
-    std::vector<pjrt::Buffer> buffers;
-    buffers.reserve(arguments.size());
-    int64_t up = 0, down = 0;
+    if (!pc || !pc->executable) return execute_on_torchscript(computation, arguments, device);
+    // Arguments stay on the device; only numbers are uploaded, each run (a few bytes).
+    std::vector<std::shared_ptr<const pjrt::Buffer>> keep;
+    std::vector<const pjrt::Buffer*> args;
+    keep.reserve(arguments.size());
+    args.reserve(arguments.size());
     for (const auto& a : arguments) {
+      if (const auto* p = dynamic_cast<const PjrtData*>(a.get())) {
+        if (!p->buffer())
+          throw std::logic_error("xla (pjrt): an argument of a graph holds no value (shape " + p->shape().to_string() +
+                                 ")");
+        args.push_back(p->buffer().get());
+        continue;
+      }
       auto d = std::static_pointer_cast<lazy::TSData>(a);
       at::Tensor t;
       if (d->scalar.has_value()) {
@@ -197,24 +296,28 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
       } else {
         t = d->data();
       }
-      up += static_cast<int64_t>(t.nbytes());
-      buffers.push_back(pjrt::to_device(client, t));
+      keep.push_back(upload(t));
+      args.push_back(keep.back().get());
     }
-    std::vector<const pjrt::Buffer*> args;
-    for (const auto& b : buffers) args.push_back(&b);
     std::vector<pjrt::Buffer> outs = pc->executable->execute(args);
+    const size_t n = pc->output_shapes.size();
+    if (outs.size() != n + pc->updated_inputs.size())
+      throw std::logic_error("xla (pjrt): an executable gave " + std::to_string(outs.size()) + " results for " +
+                             std::to_string(n) + " outputs and " + std::to_string(pc->updated_inputs.size()) +
+                             " updated inputs");
     std::vector<lazy::BackendDataPtr> results;
-    results.reserve(outs.size());
-    for (const auto& b : outs) {
-      at::Tensor r = pjrt::to_tensor(b);
-      down += static_cast<int64_t>(r.nbytes());
-      lazy::Shape shape(r.scalar_type(), std::vector<int64_t>(r.sizes().begin(), r.sizes().end()));
-      results.push_back(std::make_shared<lazy::TSData>(r, shape, device));
+    results.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      results.push_back(std::make_shared<PjrtData>(std::make_shared<const pjrt::Buffer>(std::move(outs[i])),
+                                                   pc->output_shapes[i], device));
+    }
+    for (size_t j = 0; j < pc->updated_inputs.size(); ++j) {
+      auto p = std::dynamic_pointer_cast<PjrtData>(arguments[pc->updated_inputs[j]]);
+      if (!p) throw std::logic_error("xla (pjrt): a graph updates an argument that is not device data");
+      p->set_buffer(std::make_shared<const pjrt::Buffer>(std::move(outs[n + j])));
     }
     std::lock_guard<std::mutex> lock(metrics_mu);
     ++metrics_.executions;
-    metrics_.bytes_to_device += up;
-    metrics_.bytes_to_host += down;
     return results;
   }
 
@@ -231,7 +334,44 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
   std::string GetComputationBackendText(const lazy::ComputationPtr computation) const override {
     return ts()->GetComputationBackendText(computation);
   }
+
+ private:
+  // A graph XLA did not take: its device arguments downloaded, run by the TorchScript
+  // interpreter, its results and the arguments it updated in place uploaded.
+  std::vector<lazy::BackendDataPtr> execute_on_torchscript(lazy::ComputationPtr computation,
+                                                           c10::ArrayRef<lazy::BackendDataPtr> arguments,
+                                                           const lazy::BackendDevice& device) const {
+    std::vector<lazy::BackendDataPtr> host_args;
+    host_args.reserve(arguments.size());
+    for (const auto& a : arguments) {
+      if (dynamic_cast<const PjrtData*>(a.get())) {
+        host_args.push_back(std::make_shared<lazy::TSData>(host_tensor(a), a->shape(), device));
+      } else {
+        host_args.push_back(a);
+      }
+    }
+    std::vector<lazy::BackendDataPtr> results;
+    for (const auto& r : ts()->ExecuteComputation(computation, host_args, device)) {
+      const at::Tensor t = std::static_pointer_cast<lazy::TSData>(r)->data();
+      results.push_back(std::make_shared<PjrtData>(upload(t), shape_of(t), device));
+    }
+    if (const auto* pc = dynamic_cast<const PjrtComputation*>(computation.get())) {
+      for (size_t k : pc->updated_inputs) {
+        if (auto p = std::dynamic_pointer_cast<PjrtData>(arguments[k]))
+          p->set_buffer(upload(std::static_pointer_cast<lazy::TSData>(host_args[k])->data()));
+      }
+    }
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    ++metrics_.fallback_executions;
+    return results;
+  }
 };
+
+// The lazy tensor behind `t` (unwrapped from functionalization), or null.
+lazy::LazyTensorPtr lazy_tensor_of(const at::Tensor& t) {
+  if (!t.defined()) return {};
+  return lazy::TryGetLtcTensor(lazy::maybe_unwrap_functional(t));
+}
 
 }  // namespace
 
@@ -247,6 +387,28 @@ void install_pjrt_lazy_backend() {
 PjrtBackendMetrics pjrt_backend_metrics() {
   std::lock_guard<std::mutex> lock(metrics_mu);
   return metrics_;
+}
+
+bool copy_device_value_to_host(const at::Tensor& tensor, const at::Tensor& dst) {
+  const lazy::LazyTensorPtr lt = lazy_tensor_of(tensor);
+  if (!lt || lt->CurrentIrValue() || lt->CurrentTensorData()) return false;
+  const auto* p = dynamic_cast<const PjrtData*>(lt->CurrentDataHandle().get());
+  if (!p || !p->buffer()) return false;
+  if (!dst.is_cpu() || !dst.is_contiguous() || dst.scalar_type() != p->shape().scalar_type() ||
+      dst.numel() != static_cast<int64_t>(p->shape().numel()))
+    throw std::invalid_argument("copy_device_value_to_host: the destination (" + std::string(c10::toString(dst.scalar_type())) +
+                                ", " + std::to_string(dst.numel()) + " elements, contiguous CPU required) does not fit " +
+                                p->shape().to_string());
+  p->buffer()->to_host(dst.data_ptr(), dst.nbytes());
+  count_bytes(0, static_cast<int64_t>(dst.nbytes()));
+  return true;
+}
+
+at::Tensor device_tensor_from_host(const at::Tensor& host, const c10::Device& device) {
+  const lazy::BackendDevice bd = lazy::atenDeviceToBackendDevice(device);
+  const at::Tensor c = host.contiguous();
+  auto data = std::make_shared<PjrtData>(upload(c), shape_of(c), bd);
+  return at::functionalization::impl::to_functional_tensor(lazy::CreateAtenFromLtcTensor(lazy::LazyTensor::Create(data)));
 }
 
 }  // namespace fulgur::xla

@@ -4,8 +4,13 @@
 // lazy nodes' shapes and the parameters' data, emitted as StableHLO (xla/stablehlo/emitter.h)
 // and compiled by the process's PJRT client. A graph with an op the emitter does not know keeps
 // its TorchScript computation (a fallback, counted by op kind and warned about once per kind).
-// Device data stays in CPU tensors (TSData): each execution uploads its arguments and downloads
-// its results.
+//
+// Device data are PJRT buffers: a tensor is uploaded once when it becomes device data, graphs
+// take and give buffers, and a value is downloaded only when the host reads it (.cpu(), item(),
+// an op that runs eagerly, a graph that fell back to TorchScript, gradient sync, checkpoints).
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <map>
@@ -17,8 +22,8 @@ struct PjrtBackendMetrics {
   int64_t graphs_compiled = 0;   // graphs compiled by XLA
   double compile_seconds = 0;    // emission + PJRT compile of those graphs
   int64_t executions = 0;        // graphs run by XLA
-  int64_t bytes_to_device = 0;   // arguments uploaded
-  int64_t bytes_to_host = 0;     // results downloaded
+  int64_t bytes_to_device = 0;   // host -> device: tensors made device data, numbers each run
+  int64_t bytes_to_host = 0;     // device -> host: values the host read
   int64_t graphs_fallen_back = 0;    // graphs kept on TorchScript (counted when compiled)
   int64_t fallback_executions = 0;  // runs of those graphs
   // Per op kind (or reason) that kept a graph on TorchScript: the number of such graphs compiled
@@ -29,5 +34,16 @@ struct PjrtBackendMetrics {
 // Initializes the TorchScript backend and registers the PJRT one over it. Idempotent.
 void install_pjrt_lazy_backend();
 PjrtBackendMetrics pjrt_backend_metrics();
+
+// Gradient sync in one copy each way (StepReducer):
+// Copies the value of `tensor`, a lazy tensor whose data is a PJRT buffer with no pending graph
+// (a gradient after the step mark), into `dst` with one device-to-host copy and returns true.
+// Returns false and copies nothing for any other tensor (the caller copies another way). Throws
+// std::invalid_argument if `dst` is not a contiguous CPU tensor of the value's dtype and size.
+bool copy_device_value_to_host(const at::Tensor& tensor, const at::Tensor& dst);
+// A lazy tensor on `device` whose data is a new PJRT buffer holding `host`'s values (one copy;
+// `host` may change afterwards). REQUIRES: install_pjrt_lazy_backend() ran (the xla backend is
+// "pjrt").
+at::Tensor device_tensor_from_host(const at::Tensor& host, const c10::Device& device);
 
 }  // namespace fulgur::xla

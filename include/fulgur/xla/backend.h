@@ -64,9 +64,10 @@ class Backend {
 };
 
 // The backend of this process; started on first use from FULGUR_XLA_BACKEND:
-// "ts" (the default; "lazy" is accepted as its old name): torch::lazy on the
-// TorchScript backend; "pjrt": torch::lazy with graphs compiled to StableHLO
-// and run by the PJRT plugin (xla/pjrt_backend.h); "eager": plain CPU tensors.
+// "pjrt" (the default): torch::lazy with graphs compiled to StableHLO and run
+// by the PJRT plugin PJRT_DEVICE chooses, device data in PJRT buffers;
+// "ts" ("lazy" is accepted as its old name): torch::lazy on the TorchScript
+// backend, kept as a reference; "eager": plain CPU tensors.
 // Throws std::invalid_argument naming the valid ones for other names.
 Backend& backend();
 bool backend_started();

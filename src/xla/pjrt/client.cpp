@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include <unistd.h>
+
 #include "runtime/threads.h"
 #include "xla/pjrt/metrics.h"
 #include "xla/pjrt/plugin_choice.h"
@@ -326,6 +328,7 @@ Buffer Client::to_device(const void* data, ElementType type, const std::vector<i
 }
 
 Client& process_client() {
+  static const pid_t creator = ::getpid();
   static Client* client = [] {
     const PluginChoice choice = choose_plugin();
     ClientOptions options;
@@ -333,6 +336,12 @@ Client& process_client() {
     if (const char* n = std::getenv("LOCAL_WORLD_SIZE")) options.local_world_size = std::max(1L, std::atol(n));
     return new Client(Plugin::load(choice.path), options);
   }();
+  if (::getpid() != creator)
+    throw std::logic_error("PJRT: this process (pid " + std::to_string(::getpid()) + ") was forked from pid " +
+                           std::to_string(creator) + ", which had already started its PJRT client (" +
+                           client->plugin().path() + "); the plugin's threads do not survive fork, so the client "
+                           "cannot be used here. Start the workers with start_method \"spawn\", or launch them "
+                           "before the launching process uses an xla device");
   return *client;
 }
 

@@ -125,7 +125,9 @@ class Client {
 // This process's client, created on first use from the plugin choose_plugin() picks
 // (PJRT_DEVICE, PJRT_LIBRARY_PATH; see plugin_choice.h) with LOCAL_WORLD_SIZE workers per
 // machine (1 if unset). It lives until the process ends and is never destroyed, because
-// plugins' threads may still run during static destruction. Thread-safe.
+// plugins' threads may still run during static destruction. Thread-safe. Throws
+// std::logic_error in a process forked after the client was created (the plugin's threads
+// stay behind in the parent), naming both processes.
 Client& process_client();
 
 }  // namespace fulgur::xla::pjrt

@@ -225,6 +225,16 @@ class Emitter {
   // repeated); checks the node's other arguments are those the lowerings handle.
   static Dims spatial_arg(const Node* n, size_t i, const char* what, size_t spatial, const Dims& if_empty);
   void native_layer_norm_backward(const Node* n);
+  void list_construct(const Node* n);
+  // stack (insert = true: each tensor gets a new dim of size 1 at `dim`) and cat.
+  void concatenate(const Node* n, bool insert);
+  void select_copy(const Node* n);
+  void native_batch_norm(const Node* n);
+  void native_batch_norm_backward(const Node* n);
+  // A [C] operand broadcast along dim 1 of `full` (the channels of a batch norm's input).
+  Operand along_channels(const Operand& c, const Dims& full) {
+    return op("stablehlo.broadcast_in_dim", {c}, full, c.dtype, "broadcast_dimensions = array<i64: 1>");
+  }
   // The `approximate` argument of gelu and gelu_backward: false for "none", true for "tanh".
   static bool tanh_approximation(const Node* n, size_t i);
   Operand mul(const Operand& a, const Operand& b) { return binary("stablehlo.multiply", a, b, a.dtype); }
@@ -248,6 +258,10 @@ class Emitter {
   std::ostringstream body_;
   int next_ = 0;
   std::unordered_map<const Value*, Operand> values_;
+  // The elements of each live prim::ListConstruct of tensors.
+  std::unordered_map<const Value*, std::vector<Operand>> lists_;
+  // Graph inputs an op updated in place (their value in values_ is the updated one).
+  std::vector<size_t> updated_inputs_;
 };
 
 Operand Emitter::op(const std::string& name, const std::vector<Operand>& args, const Dims& dims, c10::ScalarType t,
@@ -720,6 +734,172 @@ void Emitter::native_layer_norm_backward(const Node* n) {
   if (mask[2] && has_bias) set(n, 2, as(reduce(grad, outer, "stablehlo.add", 0), out_dtype(n, 2)));
 }
 
+void Emitter::list_construct(const Node* n) {
+  const auto list = n->output()->type()->cast<c10::ListType>();
+  if (!list || !list->getElementType()->cast<c10::TensorType>())
+    throw Unsupported{"a list of " + n->output()->type()->repr_str()};
+  std::vector<Operand> elements;
+  for (size_t i = 0; i < n->inputs().size(); ++i) elements.push_back(materialized(in(n, i)));
+  lists_[n->output()] = std::move(elements);
+}
+
+// (tensors, dim): cat joins along dim; stack first gives every tensor a dim of size 1 there.
+// Every tensor is converted to the result's dtype.
+void Emitter::concatenate(const Node* n, bool insert) {
+  const auto it = lists_.find(n->input(0));
+  if (it == lists_.end()) throw Unsupported{"tensors that are not a prim::ListConstruct"};
+  const c10::ScalarType t = out_dtype(n);
+  const Dims dims = out_dims(n);
+  const int64_t dim = wrap_dim(int_arg(n, 1, "dim"), dims.size());
+  std::vector<Operand> parts;
+  for (const Operand& x : it->second) {
+    if (!insert && x.dims.size() == 1 && x.dims[0] == 0) continue;  // cat skips empty 1-d tensors
+    Dims d = x.dims;
+    if (insert) d.insert(d.begin() + dim, 1);
+    parts.push_back(reshape(as(x, t), d));
+  }
+  if (parts.size() == 1) {
+    set(n, 0, reshape(parts[0], dims));
+    return;
+  }
+  set(n, 0, op("stablehlo.concatenate", parts, dims, t, "dimension = " + std::to_string(dim) + " : i64"));
+}
+
+// (self, dim, index): the slice at `index` of `dim`, that dim dropped.
+void Emitter::select_copy(const Node* n) {
+  const Operand x = materialized(in(n, 0));
+  if (x.dims.empty()) throw Unsupported{"a 0-d input"};
+  const int64_t dim = wrap_dim(int_arg(n, 1, "dim"), x.dims.size());
+  int64_t index = int_arg(n, 2, "index");
+  if (index < -x.dims[dim] || index >= x.dims[dim])
+    throw std::invalid_argument("select_copy: index " + std::to_string(index) + " out of range for a dim of " +
+                                std::to_string(x.dims[dim]));
+  if (index < 0) index += x.dims[dim];
+  Dims start(x.dims.size(), 0), limit = x.dims, strides(x.dims.size(), 1), sliced = x.dims;
+  start[dim] = index;
+  limit[dim] = index + 1;
+  sliced[dim] = 1;
+  const Operand slice = op("stablehlo.slice", {x}, sliced, x.dtype,
+                           "start_indices = " + i64_array(start) + ", limit_indices = " + i64_array(limit) +
+                               ", strides = " + i64_array(strides));
+  set(n, 0, reshape(slice, out_dims(n)));
+}
+
+// (input [N, C, *], weight?, bias?, running_mean?, running_var?, training, momentum, eps) ->
+// (output, save_mean, save_invstd), libtorch's CPU kernel: in training the statistics of each
+// channel over N and the spatial dims (biased variance), and the running statistics updated in
+// place, running = (1 - momentum) * running + momentum * batch, with the unbiased variance; in
+// evaluation the running statistics normalize and save_mean, save_invstd are empty. An updated
+// running statistic takes the place of its value for the rest of the graph (the TorchScript
+// graph writes into the tensor), and a graph input so updated is returned as an extra result.
+void Emitter::native_batch_norm(const Node* n) {
+  const c10::ScalarType t = out_dtype(n, 0);
+  const Operand x = as(in(n, 0), t);
+  if (x.dims.size() < 2) throw Unsupported{"input of " + std::to_string(x.dims.size()) + " dimensions"};
+  const bool training = bool_arg(n, 5, "training");
+  const bool has_running = !none_arg(n, 3) && !none_arg(n, 4);
+  if (!training && !has_running) throw Unsupported{"evaluation without running statistics"};
+  Dims others;
+  int64_t count = 1;
+  for (size_t d = 0; d < x.dims.size(); ++d) {
+    if (d == 1) continue;
+    others.push_back(static_cast<int64_t>(d));
+    count *= x.dims[d];
+  }
+  Operand out;
+  if (training) {
+    const Operand mean = binary("stablehlo.divide", reduce(x, others, "stablehlo.add", 0), number(count), t);
+    const Operand centered = binary("stablehlo.subtract", x, along_channels(mean, x.dims), t);
+    const Operand var = binary("stablehlo.divide", reduce(mul(centered, centered), others, "stablehlo.add", 0),
+                               number(count), t);
+    const Operand invstd = unary("stablehlo.rsqrt", add(var, as(in(n, 7), t)));
+    out = mul(centered, along_channels(invstd, x.dims));
+    set(n, 1, reshape(as(mean, out_dtype(n, 1)), out_dims(n, 1)));
+    set(n, 2, reshape(as(invstd, out_dtype(n, 2)), out_dims(n, 2)));
+    if (has_running) {
+      const Operand& momentum = in(n, 6);
+      const Operand unbiased = count > 1 ? binary("stablehlo.multiply", var,
+                                                  number(static_cast<double>(count) / static_cast<double>(count - 1)), t)
+                                         : var;
+      const Operand keep = binary("stablehlo.subtract", number(1.0), momentum, c10::kDouble);
+      for (const auto& [i, batch] : {std::pair<size_t, Operand>{3, mean}, std::pair<size_t, Operand>{4, unbiased}}) {
+        const Operand& running = in(n, i);
+        const c10::ScalarType rt = running.dtype;
+        Operand updated = binary("stablehlo.add", binary("stablehlo.multiply", running, keep, rt),
+                                 binary("stablehlo.multiply", as(batch, rt), momentum, rt), rt);
+        const Value* v = n->input(i);
+        if (v->node() == graph_.param_node()) {
+          if (std::find(updated_inputs_.begin(), updated_inputs_.end(), v->offset()) == updated_inputs_.end())
+            updated_inputs_.push_back(v->offset());
+        }
+        values_[v] = std::move(updated);
+      }
+    }
+  } else {
+    const Operand invstd = unary("stablehlo.rsqrt", add(as(in(n, 4), t), as(in(n, 7), t)));
+    out = mul(binary("stablehlo.subtract", x, along_channels(as(in(n, 3), t), x.dims), t),
+              along_channels(invstd, x.dims));
+    set(n, 1, splat(0, out_dims(n, 1), out_dtype(n, 1)));
+    set(n, 2, splat(0, out_dims(n, 2), out_dtype(n, 2)));
+  }
+  if (!none_arg(n, 1)) out = mul(out, along_channels(as(in(n, 1), t), x.dims));
+  if (!none_arg(n, 2)) out = add(out, along_channels(as(in(n, 2), t), x.dims));
+  set(n, 0, out);
+}
+
+// (grad_out, input, weight?, running_mean?, running_var?, save_mean?, save_invstd?, train, eps,
+// output_mask) -> (grad_input, grad_weight, grad_bias) with x_hat = (x - mean) * invstd (the
+// saved statistics in training, the running ones otherwise), over N and the spatial dims:
+// grad_bias = sum(g), grad_weight = sum(g * x_hat); grad_input = weight * invstd * (g - mean(g) -
+// x_hat * mean(g * x_hat)) in training, g * weight * invstd in evaluation.
+void Emitter::native_batch_norm_backward(const Node* n) {
+  const std::vector<bool> mask = constant(n, 9, "output_mask").toBoolList().vec();
+  if (mask.size() != 3) throw std::invalid_argument("bad native_batch_norm_backward output_mask");
+  const bool train = bool_arg(n, 7, "train");
+  const bool has_weight = !none_arg(n, 2);
+  for (size_t i = 0; i < 3; ++i) {
+    const bool defined = mask[i] && (i != 1 || has_weight);
+    if (!defined && used(n->output(i))) throw Unsupported{"a use of undefined output " + std::to_string(i)};
+  }
+  const c10::ScalarType t = in(n, 1).dtype;
+  const Operand grad = as(in(n, 0), t), x = as(in(n, 1), t);
+  if (x.dims.size() < 2) throw Unsupported{"input of " + std::to_string(x.dims.size()) + " dimensions"};
+  Dims others;
+  int64_t count = 1;
+  for (size_t d = 0; d < x.dims.size(); ++d) {
+    if (d == 1) continue;
+    others.push_back(static_cast<int64_t>(d));
+    count *= x.dims[d];
+  }
+  Operand mean, invstd;
+  if (train) {
+    if (none_arg(n, 5) || none_arg(n, 6)) throw Unsupported{"training without saved statistics"};
+    mean = as(in(n, 5), t);
+    invstd = as(in(n, 6), t);
+  } else {
+    if (none_arg(n, 3) || none_arg(n, 4)) throw Unsupported{"evaluation without running statistics"};
+    mean = as(in(n, 3), t);
+    invstd = unary("stablehlo.rsqrt", add(as(in(n, 4), t), as(in(n, 8), t)));
+  }
+  const Operand x_hat = mul(binary("stablehlo.subtract", x, along_channels(mean, x.dims), t),
+                            along_channels(invstd, x.dims));
+  const Operand sum_g = reduce(grad, others, "stablehlo.add", 0);
+  const Operand sum_gx = reduce(mul(grad, x_hat), others, "stablehlo.add", 0);
+  if (mask[0]) {
+    const Operand scale = has_weight ? mul(invstd, as(in(n, 2), t)) : invstd;
+    Operand g = grad;
+    if (train) {
+      const Operand mean_g = binary("stablehlo.divide", sum_g, number(count), t);
+      const Operand mean_gx = binary("stablehlo.divide", sum_gx, number(count), t);
+      g = binary("stablehlo.subtract", binary("stablehlo.subtract", grad, along_channels(mean_g, x.dims), t),
+                 mul(x_hat, along_channels(mean_gx, x.dims)), t);
+    }
+    set(n, 0, as(mul(g, along_channels(scale, x.dims)), out_dtype(n, 0)));
+  }
+  if (mask[1] && has_weight) set(n, 1, as(sum_gx, out_dtype(n, 1)));
+  if (mask[2]) set(n, 2, as(sum_g, out_dtype(n, 2)));
+}
+
 Dims Emitter::spatial_arg(const Node* n, size_t i, const char* what, size_t spatial, const Dims& if_empty) {
   Dims v = ints_arg(n, i, what);
   if (v.empty()) v = if_empty;
@@ -994,6 +1174,7 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
            throw Unsupported{"rounding_mode '" + constant(n, 2, "rounding_mode").toStringRef() + "'"};
          e.elementwise(n, "stablehlo.divide");
        }},
+      {"aten::pow", [](Emitter& e, const Node* n) { e.elementwise(n, "stablehlo.power"); }},
       {"aten::sqrt", [](Emitter& e, const Node* n) { e.set(n, 0, e.unary("stablehlo.sqrt", e.as(e.in(n, 0), out_dtype(n)))); }},
       {"aten::relu", [](Emitter& e, const Node* n) { e.set(n, 0, e.binary("stablehlo.maximum", e.in(n, 0), number(0), out_dtype(n))); }},
       {"aten::addcmul", [](Emitter& e, const Node* n) { e.addcop(n, "stablehlo.multiply"); }},
@@ -1057,6 +1238,12 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
       {"aten::embedding_dense_backward", [](Emitter& e, const Node* n) { e.embedding_dense_backward(n); }},
       {"aten::native_layer_norm_backward", [](Emitter& e, const Node* n) { e.native_layer_norm_backward(n); }},
       {"aten::nll_loss_backward", [](Emitter& e, const Node* n) { e.nll_loss_backward(n); }},
+      {"prim::ListConstruct", [](Emitter& e, const Node* n) { e.list_construct(n); }},
+      {"aten::stack", [](Emitter& e, const Node* n) { e.concatenate(n, true); }},
+      {"aten::cat", [](Emitter& e, const Node* n) { e.concatenate(n, false); }},
+      {"aten::select_copy", [](Emitter& e, const Node* n) { e.select_copy(n); }},
+      {"aten::native_batch_norm", [](Emitter& e, const Node* n) { e.native_batch_norm(n); }},
+      {"aten::native_batch_norm_backward", [](Emitter& e, const Node* n) { e.native_batch_norm_backward(n); }},
   };
   return table;
 }
@@ -1134,6 +1321,8 @@ Emission Emitter::run() {
                                   ") is not a tensor or number the emitter made");
     outputs.push_back(materialized(it->second));
   }
+  for (size_t k : updated_inputs_) outputs.push_back(materialized(values_.at(graph_.inputs()[k])));
+  result.updated_inputs = updated_inputs_;
   std::ostringstream types;
   for (size_t i = 0; i < outputs.size(); ++i) types << (i ? ", " : "") << mlir_type(outputs[i].dims, outputs[i].dtype);
   signature << ") -> (" << types.str() << ") {\n";
@@ -1149,5 +1338,21 @@ Emission Emitter::run() {
 }  // namespace
 
 Emission emit_stablehlo(const torch::jit::Graph& graph) { return Emitter(graph).run(); }
+
+std::vector<size_t> inputs_updated_in_place(const torch::jit::Graph& graph) {
+  std::vector<size_t> out;
+  for (const Node* n : graph.nodes()) {
+    if (n->kind() != c10::Symbol::fromQualString("aten::native_batch_norm") || n->inputs().size() < 6) continue;
+    const auto training = torch::jit::toIValue(n->input(5));
+    if (!training || !training->isBool() || !training->toBool()) continue;
+    for (size_t i : {3, 4}) {
+      const Value* v = n->input(i);
+      if (v->node() == graph.param_node() && v->type()->cast<c10::TensorType>()) out.push_back(v->offset());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
 
 }  // namespace fulgur::xla::stablehlo

@@ -41,6 +41,11 @@ struct Emission {
   // input is a tensor<i64>, a float one a tensor<f64>, a bool one a tensor<i1>) and whose
   // results are the graph's outputs in order. Empty if `unsupported` is not.
   std::string module;
+  // Graph inputs the graph updates in place (aten::native_batch_norm in training writes its
+  // running_mean and running_var, as libtorch's kernel and the TorchScript interpreter do), in
+  // the order of the extra results @main returns after the graph's outputs: result
+  // graph.outputs().size() + j is the new value of graph input updated_inputs[j].
+  std::vector<size_t> updated_inputs;
   // What the emitter cannot lower, in graph order, each entry once: the kind of each live node
   // it does not know ("aten::convolution_backward"), or a known kind with the argument it does
   // not handle ("aten::div (rounding_mode 'floor')"). The caller falls back to another backend
@@ -52,5 +57,9 @@ struct Emission {
 // graph that is not (a live value without a concrete type, an output that is not a tensor or
 // number).
 Emission emit_stablehlo(const torch::jit::Graph& graph);
+
+// The graph inputs that ops of `graph` update in place when the TorchScript interpreter runs it
+// (Emission::updated_inputs' rule, for a graph that runs there), ascending.
+std::vector<size_t> inputs_updated_in_place(const torch::jit::Graph& graph);
 
 }  // namespace fulgur::xla::stablehlo
