@@ -76,6 +76,7 @@ def parse_args():
                    help="also run the Python sides with fulgur's malloc policy (GLIBC_TUNABLES): *_same_malloc keys")
     p.add_argument("--dump", help="also write every run's results to this JSON file")
     p.add_argument("--fault", action="store_true", help="the fault comparison: 2 processes, rank 1 raises at step 3")
+    p.add_argument("--fault-only", action="store_true", help="only the fault table (with --lightning: all four rows)")
     p.add_argument("--fault-timeout", type=float, default=120.0)
     p.add_argument("--lightning-rtol-ddp", type=float, default=1e-5)
     p.add_argument("--lightning-rtol-xla", type=float, default=1e-4)
@@ -439,6 +440,9 @@ def main():
     t_start = time.time()
     print(f"machine: {runner.cores} cores; {os.uname().sysname} {os.uname().release}; work folder {work}")
 
+    if args.fault_only:
+        fault_table(runner)
+        return 0
     eq_steps = 3 if args.tiny else args.equality_steps
     if not equality(runner, models, procs, eq_steps, args.rtol, pairs):
         print("run.py: the two sides computed different losses; no ratios reported")
