@@ -15,7 +15,6 @@
 #include <torch/torch.h>
 
 #include <chrono>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <set>
