@@ -337,15 +337,8 @@ void TrainerImpl::training_batch(const Batch& batch, int64_t batch_idx) {
   for (auto& c : callbacks) c->on_train_batch_end(owner, *model, out, batch, batch_idx);
 }
 
-bool TrainerImpl::stop_requested(bool last) {
-  if (!train_poll) return false;
-  return train_poll->poll(runtime::received_stop_signal() != 0, last);
-}
-
-bool TrainerImpl::evaluation_stop_requested() {
-  if (!eval_poll || stage != Stage::kFit) return false;
-  stop_agreed = eval_poll->poll(runtime::received_stop_signal() != 0, false);
-  return stop_agreed;
+bool TrainerImpl::stop_requested(std::optional<StopPoll>& poll, bool force) {
+  return poll && poll->poll(runtime::received_stop_signal() != 0, force);
 }
 
 Metrics TrainerImpl::evaluation_loop(Stage eval_stage, BatchSource& source, int64_t max_batches) {
@@ -373,7 +366,10 @@ Metrics TrainerImpl::evaluation_loop(Stage eval_stage, BatchSource& source, int6
         strategy->test_step(*batch, i);
         for (auto& c : callbacks) c->on_test_batch_end(owner, *model, i);
       }
-      if (evaluation_stop_requested()) break;
+      if (stop_requested(eval_poll, false)) {
+        stop_agreed = true;
+        break;
+      }
     }
   }
   if (stop_agreed) {
@@ -496,7 +492,7 @@ void TrainerImpl::fit_loop() {
                                ((batch_idx + 1) % val_every == 0 || (last && vci.is_fraction()));
         if (last) epoch_finished = true;
         if (check_val) evaluation_loop(Stage::kValidate, *val_source, val_batches);
-        if (stop_agreed || stop_requested(last)) {
+        if (stop_agreed || stop_requested(train_poll, last)) {
           interrupted = true;
           break;
         }

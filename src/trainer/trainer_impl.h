@@ -56,10 +56,9 @@ struct TrainerImpl {
   // Rank 0 prints, at info: why fit stopped, the best checkpoint and its
   // score, and the log folder.
   void report_fit_end(const std::string& why) const;
-  // Whether a stop signal (on any rank) ends training after this batch.
-  bool stop_requested(bool last);
-  // The same in an evaluation loop run by fit; sets stop_agreed.
-  bool evaluation_stop_requested();
+  // Whether a stop signal (on any rank) ends the loop `poll` serves after this
+  // batch (false when fit does not handle signals: no poll).
+  bool stop_requested(std::optional<StopPoll>& poll, bool force);
 
   // --- checkpoints ---
   Checkpoint dump_checkpoint();
