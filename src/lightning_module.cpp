@@ -2,7 +2,7 @@
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
-#include "trainer/trainer_impl.h"
+#include "trainer/run_context.h"
 
 #include <torch/torch.h>
 
@@ -16,8 +16,7 @@ OptimizerConfig::OptimizerConfig(std::vector<std::shared_ptr<torch::optim::Optim
 
 void LightningOptimizer::step(const std::function<void()>& closure) {
   if (!trainer_) throw std::logic_error("LightningOptimizer::step outside a Trainer run");
-  trainer_->strategy().optimizer_step(*optimizer_, closure, nullptr);
-  trainer_->impl().global_step++;
+  detail::run_context(*trainer_).optimizer_step(*optimizer_, closure);
 }
 
 LightningModule::LightningModule(std::string name) : torch::nn::Module(std::move(name)) {}
@@ -32,7 +31,7 @@ at::Tensor LightningModule::predict_step(const Batch&, int64_t) {
 
 void LightningModule::log(const std::string& name, const at::Tensor& value, LogOptions options) {
   if (!trainer_) throw std::logic_error("log('" + name + "') was called outside a Trainer run");
-  trainer_->impl().log(name, value, options);
+  detail::run_context(*trainer_).log(name, value, options);
 }
 
 void LightningModule::log(const std::string& name, double value, LogOptions options) {

@@ -33,6 +33,9 @@
 namespace fulgur {
 
 class Trainer;
+namespace detail {
+struct TrainerImpl;
+}
 
 // A checkpoint: Lightning's dict layout (see docs/ARCHITECTURE.md, "Checkpoints").
 using Checkpoint = c10::Dict<std::string, c10::IValue>;
@@ -147,10 +150,9 @@ class LightningModule : public torch::nn::Module {
   // The device the parameters live on.
   c10::Device device() const;
 
-  // Set by the Trainer for the duration of a run.
-  void attach_trainer(Trainer* trainer) { trainer_ = trainer; }
-
  private:
+  // Sets trainer_ for the duration of a run.
+  friend struct detail::TrainerImpl;
   Trainer* trainer_ = nullptr;
   bool automatic_optimization_ = true;
   c10::Dict<std::string, c10::IValue> hparams_ = make_dict();

@@ -27,9 +27,13 @@ namespace fulgur {
 
 class Strategy;
 class ModelCheckpoint;
+class Trainer;
 namespace detail {
 struct TrainerImpl;
-}
+class RunContext;
+// The library's own view of a running trainer (src/trainer/run_context.h).
+RunContext& run_context(const Trainer& trainer);
+}  // namespace detail
 
 // How many batches of an epoch to use: a count (int) or a fraction (double).
 class BatchLimit {
@@ -190,10 +194,8 @@ class Trainer {
   // All ranks call; rank 0 writes; followed by a barrier.
   void save_checkpoint(const std::string& path);
 
-  // Used by LightningModule::log and LightningOptimizer.
-  detail::TrainerImpl& impl() const { return *impl_; }
-
  private:
+  friend detail::RunContext& detail::run_context(const Trainer& trainer);
   std::unique_ptr<detail::TrainerImpl> impl_;
 };
 

@@ -1,6 +1,8 @@
 #include <fulgur/callbacks/prediction_writer.h>
 
-#include "trainer/trainer_impl.h"
+#include <fulgur/trainer.h>
+
+#include "trainer/run_context.h"
 
 #include <stdexcept>
 
@@ -28,13 +30,13 @@ void BasePredictionWriter::write_on_epoch_end(Trainer&, LightningModule&, const 
 void BasePredictionWriter::on_predict_batch_end(Trainer& trainer, LightningModule& module, const at::Tensor& prediction,
                                                 const Batch& batch, int64_t batch_idx) {
   if (write_interval_ == "epoch") return;
-  write_on_batch_end(trainer, module, prediction, trainer.impl().predict_batch_indices.back(), batch, batch_idx);
+  write_on_batch_end(trainer, module, prediction, detail::run_context(trainer).predict_batch_indices().back(), batch, batch_idx);
 }
 
 void BasePredictionWriter::on_predict_epoch_end(Trainer& trainer, LightningModule& module) {
   if (write_interval_ == "batch") return;
-  const auto& impl = trainer.impl();
-  write_on_epoch_end(trainer, module, impl.predictions, impl.predict_batch_indices);
+  const auto& context = detail::run_context(trainer);
+  write_on_epoch_end(trainer, module, context.predictions(), context.predict_batch_indices());
 }
 
 }  // namespace fulgur

@@ -7,7 +7,7 @@
 #include "strategies/xla_common.h"
 #include "runtime/log.h"
 #include "runtime/threads.h"
-#include "trainer/trainer_impl.h"
+#include "trainer/run_context.h"
 #include <fulgur/xla/backend.h>
 
 #include <torch/torch.h>
@@ -288,7 +288,7 @@ void DDPStrategy::setup(Trainer& trainer) {
   Strategy::setup(trainer);
   gradient_sync_.reset();
   // One process: its gradients are already the mean.
-  if (trainer.impl().stage == Stage::kFit && collectives_ && world_size() > 1) gradient_sync_ = make_gradient_sync();
+  if (detail::run_context(trainer).stage() == Stage::kFit && collectives_ && world_size() > 1) gradient_sync_ = make_gradient_sync();
 }
 
 std::unique_ptr<detail::GradientSync> DDPStrategy::make_gradient_sync() {

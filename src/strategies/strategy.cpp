@@ -3,7 +3,7 @@
 
 #include <fulgur/distributed/collectives.h>
 #include "optim/optim_state.h"
-#include "trainer/trainer_impl.h"
+#include "trainer/run_context.h"
 #include "strategies/xla_common.h"
 #include <fulgur/xla/backend.h>
 #include <fulgur/xla/module_mover.h>
@@ -44,7 +44,7 @@ void Strategy::setup(Trainer& trainer) {
   model_to_device();
   setup_module_states();
   optimizer_config_ = OptimizerConfig();
-  if (trainer.impl().stage == Stage::kFit) {
+  if (detail::run_context(trainer).stage() == Stage::kFit) {
     optimizer_config_ = model_->configure_optimizers();
     if (optimizer_config_.optimizers.empty()) {
       throw std::invalid_argument(model_->name() + "::configure_optimizers returned no optimizer");

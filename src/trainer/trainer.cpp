@@ -216,6 +216,27 @@ void TrainerImpl::log(const std::string& name, const at::Tensor& value, const Lo
   results.log(name, value, opts, in_training_step, current_batch_size, reducer());
 }
 
+void TrainerImpl::manual_optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure) {
+  strategy->optimizer_step(optimizer, closure, nullptr);
+  ++global_step;
+}
+
+Stage TrainerRunContext::stage() const { return impl_.stage; }
+
+void TrainerRunContext::log(const std::string& name, const at::Tensor& value, const LogOptions& options) {
+  impl_.log(name, value, options);
+}
+
+void TrainerRunContext::optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure) {
+  impl_.manual_optimizer_step(optimizer, closure);
+}
+
+const std::vector<at::Tensor>& TrainerRunContext::predictions() const { return impl_.predictions; }
+
+const std::vector<std::vector<int64_t>>& TrainerRunContext::predict_batch_indices() const {
+  return impl_.predict_batch_indices;
+}
+
 ResultCollection::Reducer TrainerImpl::reducer() {
   return [this](const at::Tensor& t, const std::string& op) { return strategy->reduce(t, op); };
 }
@@ -844,11 +865,11 @@ void TrainerImpl::apply_result(const c10::IValue& value) {
 c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, StageData data, const std::string& ckpt_path) {
   stage = run_stage;
   model = &m;
-  m.attach_trainer(&owner);
+  attach(m, &owner);
   struct Detach {
     TrainerImpl* self;
     ~Detach() {
-      self->model->attach_trainer(nullptr);
+      attach(*self->model, nullptr);
       self->train_source.reset();
       self->val_source.reset();
     }
@@ -993,6 +1014,8 @@ TrainerOptions& TrainerOptions::devices(const std::vector<int64_t>& indices) {
   devices_ = indices.empty() ? "," : spec;
   return *this;
 }
+
+detail::RunContext& detail::run_context(const Trainer& trainer) { return trainer.impl_->context; }
 
 Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<detail::TrainerImpl>(*this, std::move(options))) {}
 Trainer::~Trainer() = default;

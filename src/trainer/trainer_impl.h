@@ -4,6 +4,7 @@
 #include <fulgur/trainer.h>
 
 #include "trainer/results.h"
+#include "trainer/run_context.h"
 #include "trainer/stop_poll.h"
 
 #include <functional>
@@ -24,8 +25,27 @@ struct StageData {
   std::shared_ptr<BatchSource> eval;  // validate / test / predict
 };
 
+struct TrainerImpl;
+
+// The RunContext of a TrainerImpl (run_context(trainer) returns it).
+class TrainerRunContext final : public RunContext {
+ public:
+  explicit TrainerRunContext(TrainerImpl& impl) : impl_(impl) {}
+  Stage stage() const override;
+  void log(const std::string& name, const at::Tensor& value, const LogOptions& options) override;
+  void optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure) override;
+  const std::vector<at::Tensor>& predictions() const override;
+  const std::vector<std::vector<int64_t>>& predict_batch_indices() const override;
+
+ private:
+  TrainerImpl& impl_;
+};
+
 struct TrainerImpl {
   TrainerImpl(Trainer& owner, TrainerOptions options);
+
+  // Sets `model`'s trainer() (nullptr: detached).
+  static void attach(LightningModule& model, Trainer* trainer) { model.trainer_ = trainer; }
 
   // Runs `stage` on every rank (launching workers if the strategy does) and
   // brings rank 0's results back into this process.
@@ -50,6 +70,8 @@ struct TrainerImpl {
   // Reduces a logged value across ranks (for sync_dist).
   ResultCollection::Reducer reducer();
   void log(const std::string& name, const at::Tensor& value, const LogOptions& options);
+  // A step of manual optimization (LightningOptimizer::step), counted in global_step.
+  void manual_optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure);
   // Why fit_loop ended normally: max_steps, EarlyStopping (its metric and
   // value), should_stop, max_epochs.
   std::string fit_stop_reason() const;
@@ -76,6 +98,7 @@ struct TrainerImpl {
   void materialize_metrics() const;
 
   Trainer& owner;
+  TrainerRunContext context{*this};
   TrainerOptions options;
   std::shared_ptr<Strategy> strategy;
   std::vector<std::shared_ptr<Callback>> callbacks;
