@@ -1,5 +1,8 @@
 #pragma once
-// The Trainer's state and loops (private to the library).
+// The Trainer's state and loops (private to the library). The members are
+// defined by concern: options.cpp (the constructor), run.cpp (run,
+// run_in_worker), loops.cpp, logging.cpp, checkpointing.cpp,
+// worker_result.cpp; trainer.cpp is the façade.
 
 #include <fulgur/trainer.h>
 
@@ -7,15 +10,33 @@
 #include "trainer/run_context.h"
 #include "trainer/stop_poll.h"
 
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace fulgur {
 class Strategy;
 }
 
 namespace fulgur::detail {
+
+// The first callback of type T, or nullptr.
+template <typename T>
+T* find_callback(const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  for (const auto& c : callbacks)
+    if (auto* p = dynamic_cast<T*>(c.get())) return p;
+  return nullptr;
+}
+
+// A metric's value in a message: six significant digits.
+inline std::string format_metric(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
+}
 
 // Where a stage's loaders come from (called in the worker, after setup).
 struct StageData {

@@ -1,0 +1,257 @@
+// Checkpoints of the whole run: dump (Lightning's dict layout), restore (every
+// count checked before it is used) and ckpt_path's "last" and "best".
+
+#include <fulgur/callbacks/model_checkpoint.h>
+#include <fulgur/checkpoint.h>
+#include <fulgur/strategies/strategy.h>
+#include <fulgur/trainer.h>
+
+#include "optim/optim_state.h"
+#include "runtime/log.h"
+#include "trainer/trainer_impl.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <limits>
+#include <stdexcept>
+
+namespace fs = std::filesystem;
+
+namespace fulgur::detail {
+namespace {
+
+// checkpoint[path[0]][path[1]]...: state that fulgur's Trainer writes (the
+// loop position, the generators). A checkpoint written elsewhere (Lightning
+// keeps loops.fit_loop in another layout) may lack it; the error names the
+// file, the whole key and what to do instead.
+c10::IValue checkpoint_entry(const Checkpoint& checkpoint, const std::vector<std::string>& path,
+                             const std::string& where, const c10::TypePtr& type = nullptr) {
+  const std::string hint =
+      "; fulgur's Trainer writes it (see docs/ARCHITECTURE.md, checkpoint format). To start from the weights of a "
+      "checkpoint written elsewhere, load them with fulgur::load_from_checkpoint(model, path) and call fit without "
+      "ckpt_path";
+  c10::IValue v(checkpoint);
+  std::string dotted;
+  for (const auto& key : path) {
+    if (!v.isGenericDict()) throw std::runtime_error(where + ": '" + dotted + "' is not a dict" + hint);
+    dotted += (dotted.empty() ? "" : ".") + key;
+    const auto dict = v.toGenericDict();
+    const auto it = dict.find(key);
+    if (it == dict.end()) throw std::runtime_error(where + ": missing key '" + dotted + "'" + hint);
+    v = it->value();
+  }
+  if (type && !v.type()->isSubtypeOf(*type)) {
+    throw std::runtime_error(where + ": '" + dotted + "' is a " + v.type()->str() + ", expected " + type->str() + hint);
+  }
+  return v;
+}
+
+}  // namespace
+
+Checkpoint TrainerImpl::dump_checkpoint() {
+  Checkpoint ckpt = make_dict();
+  ckpt.insert("epoch", current_epoch);
+  ckpt.insert("global_step", global_step);
+  ckpt.insert("pytorch-lightning_version", std::string("2.1.0"));
+  ckpt.insert("fulgur_format_version", static_cast<int64_t>(1));
+  ckpt.insert("state_dict", state_dict(*model));
+  c10::impl::GenericList opt_states(c10::AnyType::get());
+  for (auto& opt : strategy->optimizer_config().optimizers) opt_states.push_back(optimizer_state_dict(*opt));
+  ckpt.insert("optimizer_states", opt_states);
+  c10::impl::GenericList sched_states(c10::AnyType::get());
+  for (size_t i = 0; i < strategy->optimizer_config().schedulers.size(); ++i) {
+    auto s = fulgur::make_dict();
+    s.insert("_step_count", scheduler_counts.at(i) + 1);
+    s.insert("last_epoch", scheduler_counts.at(i));
+    sched_states.push_back(s);
+  }
+  ckpt.insert("lr_schedulers", sched_states);
+  ckpt.insert("callbacks", callback_states());
+  auto loop = fulgur::make_dict();
+  loop.insert("epoch", current_epoch);
+  loop.insert("batches_done", epoch_batches_done);
+  loop.insert("epoch_finished", epoch_finished);
+  loop.insert("global_step", global_step);
+  loop.insert("world_size", strategy->world_size());
+  auto loops = fulgur::make_dict();
+  loops.insert("fit_loop", loop);
+  ckpt.insert("loops", loops);
+  // Every rank's generator state, so each rank resumes its own random stream.
+  auto rng = at::detail::getDefaultCPUGenerator().get_state();
+  auto rng_states = fulgur::make_dict();
+  at::Tensor gathered = strategy->all_gather(rng).to(torch::kCPU);
+  if (gathered.dim() == 1) gathered = gathered.unsqueeze(0);  // one process: no gather happened
+  rng_states.insert("torch", gathered);
+  ckpt.insert("rng_states", rng_states);
+  ckpt.insert("hyper_parameters", model->hparams());
+  model->on_save_checkpoint(ckpt);
+  for (auto& c : callbacks) c->on_save_checkpoint(owner, *model, ckpt);
+  return ckpt;
+}
+namespace {
+
+// Larger loop counts than any run reaches (2^53: still exact as the float
+// scores that ModelCheckpoint keeps).
+constexpr int64_t kMaxLoopCount = int64_t(1) << 53;
+// libtorch's LRScheduler counts its steps in an unsigned int.
+constexpr int64_t kMaxSchedulerCount = std::numeric_limits<unsigned>::max();
+
+// The int under `key` of `d`, in [0, bound]; the error names the file, the
+// key (`name`), the value and the bound, with `why` the bound is what it is.
+int64_t check_count(int64_t n, const std::string& where, const std::string& name, int64_t bound, const std::string& why) {
+  if (n < 0 || n > bound) {
+    throw std::runtime_error(where + ": '" + name + "' is " + std::to_string(n) + ", outside [0, " + std::to_string(bound) +
+                             "] (" + why + "); the checkpoint is corrupt or was made for another run");
+  }
+  return n;
+}
+
+int64_t read_count(const c10::Dict<std::string, c10::IValue>& d, const std::string& key, const std::string& where,
+                   const std::string& name, int64_t bound, const std::string& why) {
+  if (!d.contains(key)) throw std::runtime_error(where + ": missing key '" + name + "'");
+  const c10::IValue v = d.at(key);
+  if (!v.isInt()) throw std::runtime_error(where + ": '" + name + "' is " + v.tagKind() + ", expected an int");
+  return check_count(v.toInt(), where, name, bound, why);
+}
+
+// libtorch's LRScheduler has no setter for its step count, which it keeps
+// protected; a member pointer formed through a subclass reaches it.
+struct SchedulerStepCount : torch::optim::LRScheduler {
+  static void set(torch::optim::LRScheduler& s, unsigned n) { s.*(&SchedulerStepCount::step_count_) = n; }
+};
+
+// Puts `scheduler` where `n` calls of step() would, without making them. For
+// libtorch's schedulers (StepLR) the count is all the state there is: the
+// next rate comes from the optimizer's current one, which the optimizer's
+// state restores. A scheduler of the user's with state of its own beyond
+// the count is not replayed either.
+void set_scheduler_step_count(torch::optim::LRScheduler& scheduler, int64_t n) {
+  SchedulerStepCount::set(scheduler, static_cast<unsigned>(n));
+}
+
+}  // namespace
+
+c10::Dict<std::string, c10::IValue> TrainerImpl::callback_states() const {
+  auto states = fulgur::make_dict();
+  for (const auto& c : callbacks) {
+    auto s = c->state_dict();
+    if (!s.isNone()) states.insert(c->state_key(), s);
+  }
+  return states;
+}
+
+void TrainerImpl::load_callback_states(const c10::IValue& states) {
+  const auto d = c10::impl::toTypedDict<std::string, c10::IValue>(states.toGenericDict());
+  for (auto& c : callbacks)
+    if (d.contains(c->state_key())) c->load_state_dict(d.at(c->state_key()));
+}
+
+void TrainerImpl::restore(const std::string& path) {
+  Checkpoint ckpt = strategy->load_checkpoint(path);
+  const std::string where = "checkpoint " + path;
+  auto get = [&](const char* key) -> c10::IValue {
+    if (!ckpt.contains(key)) throw std::runtime_error(where + ": missing key '" + key + "'");
+    return ckpt.at(key);
+  };
+  auto sd = get("state_dict");
+  if (!sd.isGenericDict()) throw std::runtime_error(where + ": 'state_dict' is not a dict");
+  load_state_dict(*model, c10::impl::toTypedDict<std::string, c10::IValue>(sd.toGenericDict()), true, where);
+  if (stage != Stage::kFit) return;
+  // The loop and generator state first: a checkpoint without it is refused before anything is restored.
+  auto loop_int = [&](const char* key) {
+    return checkpoint_entry(ckpt, {"loops", "fit_loop", key}, where, c10::IntType::get()).toInt();
+  };
+  const int64_t epoch = loop_int("epoch");
+  const int64_t step = loop_int("global_step");
+  const int64_t batches_done = loop_int("batches_done");
+  const bool epoch_finished =
+      checkpoint_entry(ckpt, {"loops", "fit_loop", "epoch_finished"}, where, c10::BoolType::get()).toBool();
+  const at::Tensor rng_states = ckpt.contains("rng_states")
+                                    ? checkpoint_entry(ckpt, {"rng_states", "torch"}, where, c10::TensorType::get()).toTensor()
+                                    : at::Tensor();
+  auto opts = get("optimizer_states").toList();
+  const auto& cfg = strategy->optimizer_config();
+  if (opts.size() != cfg.optimizers.size()) {
+    throw std::runtime_error(where + ": has " + std::to_string(opts.size()) + " optimizer states, the model configures " +
+                             std::to_string(cfg.optimizers.size()) + " optimizers");
+  }
+  // Every count is checked against what this run allows before it is used.
+  current_epoch = check_count(epoch, where, "loops.fit_loop.epoch", kMaxLoopCount, "no run gets that far");
+  global_step = check_count(step, where, "loops.fit_loop.global_step", kMaxLoopCount, "no run gets that far");
+  epoch_batches_done = check_count(batches_done, where, "loops.fit_loop.batches_done", train_source->num_batches(),
+                                   "the batches of one epoch of this run's training loader");
+  if (epoch_finished) {
+    ++current_epoch;
+    epoch_batches_done = 0;
+  }
+  // A scheduler takes its saved count directly (no replay, whatever the
+  // count); its learning rate comes back with the optimizer's state below.
+  auto scheds = get("lr_schedulers").toList();
+  for (size_t i = 0; i < cfg.schedulers.size() && i < scheds.size(); ++i) {
+    if (!scheds.get(i).isGenericDict()) throw std::runtime_error(where + ": lr_schedulers[" + std::to_string(i) + "] is not a dict");
+    auto s = c10::impl::toTypedDict<std::string, c10::IValue>(scheds.get(i).toGenericDict());
+    const SchedulerConfig& sc = cfg.schedulers[i];
+    const bool per_step = sc.interval == "step";
+    const int64_t bound = std::min<int64_t>(per_step ? global_step : current_epoch + 1, kMaxSchedulerCount);
+    const int64_t n = read_count(s, "last_epoch", where, "lr_schedulers[" + std::to_string(i) + "].last_epoch", bound,
+                                 per_step ? "a scheduler stepped per optimizer step, and the checkpoint's global_step is " +
+                                                std::to_string(global_step)
+                                          : "a scheduler stepped per epoch, and the checkpoint is in epoch " +
+                                                std::to_string(current_epoch));
+    set_scheduler_step_count(*sc.scheduler, n);
+    scheduler_counts[i] = n;
+  }
+  for (size_t i = 0; i < opts.size(); ++i) {
+    load_optimizer_state_dict(*cfg.optimizers[i], opts.get(i), where + ", optimizer " + std::to_string(i));
+    optimizer_state_to_params_device(*cfg.optimizers[i]);
+  }
+  const c10::IValue cbs = get("callbacks");
+  if (!cbs.isGenericDict()) throw std::runtime_error(where + ": 'callbacks' is not a dict");
+  load_callback_states(cbs);
+  if (rng_states.defined() && rng_states.dim() == 2 && rng_states.size(0) == strategy->world_size()) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_state(rng_states[strategy->global_rank()].contiguous());
+  }
+  model->on_load_checkpoint(ckpt);
+}
+
+std::string TrainerImpl::resolve_ckpt_path(const std::string& ckpt_path) const {
+  if (ckpt_path.empty()) return "";
+  auto* mc = owner.checkpoint_callback();
+  if (ckpt_path == "best") {
+    if (!mc || mc->best_model_path().empty()) {
+      throw std::invalid_argument("ckpt_path=\"best\": no best checkpoint is known (no ModelCheckpoint saved one in this Trainer)");
+    }
+    return mc->best_model_path();
+  }
+  if (ckpt_path != "last") return ckpt_path;
+  // "last": last.ckpt of the checkpoint folder, else the newest last.ckpt under the log root.
+  std::vector<fs::path> candidates;
+  std::error_code ec;
+  if (mc && !mc->options().dirpath().empty()) candidates.push_back(fs::path(mc->options().dirpath()) / "last.ckpt");
+  const fs::path root = fs::path(options.default_root_dir()) / "lightning_logs";
+  if (fs::is_directory(root, ec)) {
+    for (const auto& v : fs::directory_iterator(root, ec)) candidates.push_back(v.path() / "checkpoints" / "last.ckpt");
+  }
+  candidates.push_back(fs::path(options.default_root_dir()) / "checkpoints" / "last.ckpt");
+  fs::path best;
+  fs::file_time_type best_time;
+  for (const auto& c : candidates) {
+    if (!fs::is_regular_file(c, ec)) continue;
+    auto t = fs::last_write_time(c, ec);
+    if (best.empty() || t > best_time) {
+      best = c;
+      best_time = t;
+    }
+  }
+  if (best.empty()) {
+    runtime::log_rank_zero(runtime::LogLevel::kWarning, "warning: ckpt_path=\"last\" but no last.ckpt was found under " +
+                                                            options.default_root_dir() + "; starting from scratch");
+    return "";
+  }
+  return best.string();
+}
+}  // namespace fulgur::detail
+

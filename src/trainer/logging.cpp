@@ -1,0 +1,91 @@
+// Logging and results: LightningModule::log into the ResultCollection, step
+// and epoch rows to callback_metrics, the progress bar and the loggers, and
+// rank 0's report at the end of fit.
+
+#include <fulgur/callbacks/model_checkpoint.h>
+#include <fulgur/strategies/strategy.h>
+#include <fulgur/trainer.h>
+
+#include "runtime/log.h"
+#include "trainer/trainer_impl.h"
+
+#include <stdexcept>
+
+namespace fulgur::detail {
+
+void TrainerImpl::materialize_metrics() const {
+  for (const auto& [k, v] : pending_callback_metrics) callback_metrics[k] = v.item<double>();
+  pending_callback_metrics.clear();
+}
+
+void TrainerImpl::log(const std::string& name, const at::Tensor& value, const LogOptions& opts) {
+  if (!model) throw std::logic_error("log('" + name + "') was called outside a Trainer run");
+  if (opts.rank_zero_only && opts.sync_dist) {
+    throw std::invalid_argument("log('" + name + "'): rank_zero_only=true with sync_dist=true: the reduction is a "
+                                "collective that the other ranks would never join; drop one of the two");
+  }
+  if (opts.rank_zero_only && !strategy->is_global_zero()) return;
+  results.log(name, value, opts, in_training_step, current_batch_size, reducer());
+}
+ResultCollection::Reducer TrainerImpl::reducer() {
+  return [this](const at::Tensor& t, const std::string& op) { return strategy->reduce(t, op); };
+}
+
+void TrainerImpl::log_step_metrics(bool force) {
+  std::map<std::string, ResultCollection::Logged> for_logger;
+  for (auto& [k, v] : results.take_step_values()) {
+    if (v.prog_bar) pending_prog_bar[k] = v.value;
+    if (!v.logger) continue;
+    pending_callback_metrics[k] = v.value;
+    for_logger.emplace(k, v);
+  }
+  const bool due = global_step % options.log_every_n_steps() == 0 || force;
+  if (loggers.empty() || !strategy->is_global_zero() || for_logger.empty() || !due || global_step == last_logged_step) {
+    return;
+  }
+  last_logged_step = global_step;
+  auto row = to_doubles(for_logger);
+  row["epoch"] = static_cast<double>(current_epoch);
+  for (auto& l : loggers) l->log_metrics(row, global_step);
+}
+
+void TrainerImpl::log_epoch_metrics(const std::map<std::string, ResultCollection::Logged>& values,
+                                    const Metrics& read, int64_t step) {
+  std::map<std::string, double> row;
+  for (const auto& [k, ev] : values) {
+    const double v = read.at(k);
+    callback_metrics[k] = v;
+    if (ev.prog_bar) progress_bar_metrics[k] = v;
+    if (ev.logger) row[k] = v;
+  }
+  if (strategy->is_global_zero() && !row.empty()) {
+    row["epoch"] = static_cast<double>(current_epoch);
+    for (auto& l : loggers) l->log_metrics(row, step);
+  }
+}
+void TrainerImpl::report_fit_end(const std::string& why) const {
+  if (!strategy->is_global_zero()) return;
+  using runtime::LogLevel;
+  runtime::log_rank_zero(LogLevel::kInfo, "fit stopped at epoch " + std::to_string(current_epoch) + ", step " +
+                                              std::to_string(global_step) + ": " + why);
+  if (auto* mc = owner.checkpoint_callback()) {
+    if (!mc->best_model_path().empty()) {
+      const std::string& monitor = mc->options().monitor();
+      std::string score = monitor.empty() || !mc->best_model_score()
+                              ? "the most recent; no monitor"
+                              : monitor + "=" + format_metric(*mc->best_model_score());
+      runtime::log_rank_zero(LogLevel::kInfo, "best checkpoint: " + mc->best_model_path() + " (" + score + ")");
+    } else if (!mc->last_model_path().empty()) {
+      runtime::log_rank_zero(LogLevel::kInfo, "last checkpoint: " + mc->last_model_path());
+    } else {
+      runtime::log_rank_zero(LogLevel::kInfo, "no checkpoint was saved");
+    }
+  } else {
+    runtime::log_rank_zero(LogLevel::kInfo, "no checkpoints (enable_checkpointing is off)");
+  }
+  std::string dirs;
+  for (const auto& l : loggers) dirs += (dirs.empty() ? "" : ", ") + l->log_dir();
+  runtime::log_rank_zero(LogLevel::kInfo, loggers.empty() ? "no logs (logger is off)" : "logs: " + dirs);
+}
+}  // namespace fulgur::detail
+

@@ -1,0 +1,147 @@
+// Option validation and strategy resolution: the Trainer's constructor
+// checks every option and resolves the strategy, the callbacks and the
+// loggers once, before any process starts.
+
+#include <fulgur/callbacks/model_checkpoint.h>
+#include <fulgur/callbacks/model_summary.h>
+#include <fulgur/callbacks/progress_bar.h>
+#include <fulgur/loggers/csv_logger.h>
+#include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/registry.h>
+#include <fulgur/trainer.h>
+
+#include "runtime/log.h"
+#include "trainer/trainer_impl.h"
+
+#include <cstdlib>
+#include <set>
+#include <stdexcept>
+
+namespace fulgur {
+
+int64_t BatchLimit::resolve(int64_t available, const char* what) const {
+  if (is_fraction()) {
+    if (fraction_ < 0.0 || fraction_ > 1.0) {
+      throw std::invalid_argument(std::string(what) + "=" + std::to_string(fraction_) +
+                                  " is outside [0.0, 1.0]; give a fraction in that range or a batch count");
+    }
+    return static_cast<int64_t>(static_cast<double>(available) * fraction_);
+  }
+  if (count_ < 0) {
+    throw std::invalid_argument(std::string(what) + "=" + std::to_string(count_) +
+                                " is negative; give a batch count >= 0 or a fraction in [0.0, 1.0]");
+  }
+  return std::min(count_, available);
+}
+
+TrainerOptions& TrainerOptions::devices(const std::vector<int64_t>& indices) {
+  std::string spec;
+  for (int64_t i : indices) spec += std::to_string(i) + ",";
+  if (indices.size() > 1) spec.pop_back();
+  devices_ = indices.empty() ? "," : spec;
+  return *this;
+}
+
+namespace detail {
+namespace {
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw std::invalid_argument(message);
+}
+
+// "SIGTERM" for 15; the number for a signal without a name here.
+
+}  // namespace
+
+TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_in), options(std::move(opts)) {
+  require(options.max_epochs().value_or(0) >= -1,
+          "max_epochs=" + std::to_string(options.max_epochs().value_or(0)) + " is invalid; use -1 (no limit) or >= 0");
+  require(options.max_steps() >= -1, "max_steps=" + std::to_string(options.max_steps()) + " is invalid; use -1 or >= 0");
+  require(options.min_epochs() >= 0, "min_epochs=" + std::to_string(options.min_epochs()) + " must be >= 0");
+  require(options.accumulate_grad_batches() >= 1,
+          "accumulate_grad_batches=" + std::to_string(options.accumulate_grad_batches()) + " must be >= 1");
+  require(options.check_val_every_n_epoch() >= 1,
+          "check_val_every_n_epoch=" + std::to_string(options.check_val_every_n_epoch()) + " must be >= 1");
+  require(options.log_every_n_steps() >= 1,
+          "log_every_n_steps=" + std::to_string(options.log_every_n_steps()) + " must be >= 1");
+  require(options.num_sanity_val_steps() >= -1,
+          "num_sanity_val_steps=" + std::to_string(options.num_sanity_val_steps()) + " must be >= -1");
+  require(options.fast_dev_run() >= 0, "fast_dev_run=" + std::to_string(options.fast_dev_run()) + " must be >= 0");
+  require(options.gradient_clip_algorithm() == "norm" || options.gradient_clip_algorithm() == "value",
+          "gradient_clip_algorithm='" + options.gradient_clip_algorithm() + "' is not known; valid: \"norm\", \"value\"");
+  require(!options.gradient_clip_val() || *options.gradient_clip_val() >= 0,
+          "gradient_clip_val=" + std::to_string(options.gradient_clip_val().value_or(0)) + " must be >= 0");
+  require(options.collective_timeout_ms() > 0,
+          "collective_timeout_ms=" + std::to_string(options.collective_timeout_ms()) + " must be > 0");
+  runtime::check_log_level();
+  require(options.num_nodes() >= 1, "num_nodes=" + std::to_string(options.num_nodes()) + " must be >= 1");
+  if (const char* nodes = std::getenv("NUM_NODES"); nodes && *nodes) {
+    require(std::to_string(options.num_nodes()) == nodes,
+            "num_nodes=" + std::to_string(options.num_nodes()) + " but the environment has NUM_NODES=" + nodes +
+                "; pass the same node count to the Trainer (--num-nodes in the examples) or unset NUM_NODES");
+  }
+  // Check the limits now, before any process starts.
+  for (auto [limit, name] : {std::pair{options.limit_train_batches(), "limit_train_batches"},
+                             {options.limit_val_batches(), "limit_val_batches"},
+                             {options.limit_test_batches(), "limit_test_batches"},
+                             {options.limit_predict_batches(), "limit_predict_batches"},
+                             {options.val_check_interval(), "val_check_interval"}}) {
+    limit.resolve(1, name);
+  }
+  max_epochs = options.max_epochs().value_or(options.max_steps() == -1 ? 1000 : -1);
+
+  if (options.fast_dev_run() > 0) {
+    limit_overrides = options.fast_dev_run();
+    max_epochs = 1;
+  }
+
+  strategy = options.strategy_object();
+  if (!strategy) {
+    StrategyRequest req;
+    req.strategy = options.strategy();
+    req.accelerator = options.accelerator();
+    req.devices = options.devices();
+    req.precision = options.precision();
+    req.num_nodes = options.num_nodes();
+    req.start_method = options.start_method();
+    req.collective_timeout = std::chrono::milliseconds(options.collective_timeout_ms());
+    req.use_distributed_sampler = options.use_distributed_sampler();
+    strategy = make_strategy(req);
+  } else if (auto* parallel = dynamic_cast<ParallelStrategy*>(strategy.get());
+             parallel && !options.use_distributed_sampler() && parallel->parallel_options().use_distributed_sampler) {
+    throw std::invalid_argument(
+        "use_distributed_sampler=false, but the strategy_object shards loaders (its "
+        "ParallelOptions::use_distributed_sampler is true); with a strategy object, set it there");
+  }
+
+  callbacks = options.callbacks();
+  const bool dev_run = limit_overrides > 0;
+  if (options.enable_checkpointing() && !dev_run && !find_callback<ModelCheckpoint>(callbacks)) {
+    callbacks.push_back(std::make_shared<ModelCheckpoint>());
+  }
+  if (options.enable_progress_bar() && !find_callback<ProgressBar>(callbacks)) {
+    callbacks.push_back(std::make_shared<ProgressBar>());
+  }
+  if (options.enable_model_summary() && !find_callback<ModelSummary>(callbacks)) {
+    callbacks.insert(callbacks.begin(), std::make_shared<ModelSummary>());
+  }
+  std::set<std::string> keys;
+  for (const auto& c : callbacks) {
+    require(c != nullptr, "callbacks: a callback is null");
+    require(keys.insert(c->state_key()).second,
+            "callbacks: two callbacks share the state key '" + c->state_key() + "'; give them different settings");
+  }
+  require(!options.logger_object() || options.loggers().empty(),
+          "logger_object and loggers are both set; put the logger_object into loggers (the first one's log_dir holds "
+          "the checkpoints)");
+  for (const auto& l : options.loggers()) require(l != nullptr, "loggers: a logger is null");
+  if (options.logger() && !dev_run) {
+    loggers = options.loggers();
+    if (options.logger_object()) loggers.push_back(options.logger_object());
+    if (loggers.empty()) loggers.push_back(std::make_shared<CSVLogger>(options.default_root_dir()));
+  }
+}
+
+}  // namespace detail
+}  // namespace fulgur
+

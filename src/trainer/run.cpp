@@ -1,0 +1,163 @@
+// One stage's run: launched on every rank by the strategy's launcher, and in
+// each worker the setup before the loops (seeding, the DataModule's loaders,
+// the strategy's setup, the restore, the stop signals), as Lightning's
+// Trainer._run.
+
+#include <fulgur/launchers/launcher.h>
+#include <fulgur/strategies/strategy.h>
+#include <fulgur/trainer.h>
+
+#include "runtime/memory.h"
+#include "runtime/signals.h"
+#include "trainer/trainer_impl.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <exception>
+#include <stdexcept>
+
+namespace fulgur::detail {
+
+c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, StageData data, const std::string& ckpt_path) {
+  stage = run_stage;
+  model = &m;
+  attach(m, &owner);
+  struct Detach {
+    TrainerImpl* self;
+    ~Detach() {
+      attach(*self->model, nullptr);
+      self->train_source.reset();
+      self->val_source.reset();
+    }
+  } detach{this};
+  // Installed once the rendezvous and the restore are done, as Lightning
+  // registers its handlers: until then SIGTERM and SIGINT keep their default
+  // action and end the worker at once, wherever it waits.
+  std::optional<runtime::StopSignalGuard> signals;
+  train_poll.reset();
+  eval_poll.reset();
+  stop_agreed = false;
+  runtime::apply_malloc_policy();
+
+  strategy->setup_environment();
+  struct Teardown {
+    Strategy* s;
+    ~Teardown() { s->teardown(); }
+  } teardown{strategy.get()};
+  // A stage that throws: rank 0's logger writes the rows it still holds, as
+  // Lightning's finalize("failed"). An error while doing so must not hide the
+  // stage's own, which is already on its way.
+  struct FinalizeOnFailure {
+    TrainerImpl* self;
+    int exceptions = std::uncaught_exceptions();
+    ~FinalizeOnFailure() {
+      if (std::uncaught_exceptions() <= exceptions || !self->strategy->is_global_zero()) return;
+      for (auto& l : self->loggers) {
+        try {
+          l->finalize("failed");
+        } catch (...) {
+        }
+      }
+    }
+  } finalize_on_failure{this};
+  if (options.seed()) seed_everything(*options.seed());
+  if (options.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
+  if (data.datamodule) {
+    data.datamodule->setup(to_string(run_stage));
+    if (run_stage == Stage::kFit) {
+      data.train = data.datamodule->train_dataloader();
+      data.val = data.datamodule->val_dataloader();
+    } else if (run_stage == Stage::kValidate) {
+      data.eval = data.datamodule->val_dataloader();
+    } else if (run_stage == Stage::kTest) {
+      data.eval = data.datamodule->test_dataloader();
+    } else {
+      data.eval = data.datamodule->predict_dataloader();
+    }
+  }
+  strategy->setup(owner);
+  // Every version before any logger writes: loggers on one root_dir and name share version_<N>.
+  if (strategy->is_global_zero())
+    for (auto& l : loggers) l->version();
+  scheduler_counts.assign(strategy->optimizer_config().schedulers.size(), 0);
+  results.reset();
+  pending_callback_metrics.clear();
+  callback_metrics.clear();
+  progress_bar_metrics.clear();
+  should_stop = false;
+
+  predictions.clear();
+  predict_batch_indices.clear();
+  const std::string path = resolve_ckpt_path(ckpt_path);
+  if (run_stage == Stage::kFit) {
+    if (!data.train) throw std::invalid_argument("fit: no training loader (pass one, or give the DataModule a train_dataloader)");
+    train_source = strategy->process_dataloader(data.train);
+    val_source = data.val ? strategy->process_dataloader(data.val) : nullptr;
+    current_epoch = 0;
+    global_step = 0;
+    epoch_batches_done = 0;
+    accumulated = 0;
+    if (!path.empty()) restore(path);
+    if (options.handle_signals()) {
+      signals.emplace(is_fulgur_worker() ? runtime::SecondSignal::kRecorded : runtime::SecondSignal::kExits);
+      StopPoll::Agree agree;
+      if (strategy->world_size() > 1) {
+        agree = [this](bool local, double seconds) {
+          const at::Tensor t = strategy->reduce(torch::tensor({local ? 1.0 : 0.0, seconds}, torch::kFloat64), "max");
+          return std::make_pair(t[0].item<double>() > 0, t[1].item<double>());
+        };
+      }
+      // Agreements about a quarter of a second apart: a signal is acted on
+      // well within a second unless one batch takes longer than that.
+      constexpr std::chrono::milliseconds kStopAgreeEvery{250};
+      train_poll.emplace(agree, kStopAgreeEvery);
+      eval_poll.emplace(agree, kStopAgreeEvery);
+    }
+    if (strategy->is_global_zero())
+      for (auto& l : loggers) l->log_hyperparams(model->hparams());
+    fit_loop();
+  } else {
+    if (!data.eval) {
+      throw std::invalid_argument(std::string(to_string(run_stage)) + ": no loader (pass one, or give the DataModule a " +
+                                  (run_stage == Stage::kValidate ? "val" : to_string(run_stage)) + "_dataloader)");
+    }
+    if (!path.empty()) restore(path);
+    auto source = strategy->process_dataloader(data.eval);
+    const BatchLimit& limit = run_stage == Stage::kValidate ? options.limit_val_batches()
+                              : run_stage == Stage::kTest   ? options.limit_test_batches()
+                                                            : options.limit_predict_batches();
+    const int64_t n = limit_overrides > 0 ? std::min(limit_overrides, source->num_batches())
+                                          : limit.resolve(source->num_batches(), "limit_*_batches");
+    if (run_stage == Stage::kPredict) {
+      predict_loop(*source, n);
+    } else {
+      auto metrics = evaluation_loop(run_stage, *source, n);
+      for (const auto& [k, v] : metrics) callback_metrics[k] = v;
+      if (strategy->is_global_zero())
+        for (auto& l : loggers) l->save();
+    }
+  }
+  return make_result(predictions);
+}
+
+c10::IValue TrainerImpl::run(Stage run_stage, LightningModule& m, StageData data, const std::string& ckpt_path) {
+  Launcher* launcher = strategy->launcher();
+  if (launcher && launcher->creates_processes() && launched_once && run_stage == Stage::kFit && !is_fulgur_worker()) {
+    throw std::logic_error("Trainer::fit was called a second time on a Trainer whose strategy starts processes; "
+                           "create a new Trainer for a second fit");
+  }
+  strategy->connect(m);
+  model = &m;
+  bool ran_here = false;
+  WorkerFn fn = [&]() -> c10::IValue {
+    ran_here = true;
+    return run_in_worker(run_stage, m, data, ckpt_path);
+  };
+  c10::IValue result = launcher ? launcher->launch(fn) : fn();
+  if (run_stage == Stage::kFit) launched_once = true;
+  if (!ran_here) apply_result(result);
+  return result;
+}
+}  // namespace fulgur::detail
+
