@@ -46,6 +46,10 @@ RendezvousPoint LightningEnvironment::rendezvous() const {
 }
 
 void LightningEnvironment::validate_settings(int64_t /*num_devices*/, int64_t num_nodes) const {
+  if (const char* nodes = env("NUM_NODES"); nodes && std::to_string(num_nodes) != nodes) {
+    throw std::invalid_argument("num_nodes=" + std::to_string(num_nodes) + " but the environment has NUM_NODES=" + nodes +
+                                "; pass the same node count to the Trainer (--num-nodes in the examples) or unset NUM_NODES");
+  }
   if (num_nodes <= 1 || creates_processes_externally()) return;
   if (!env("MASTER_ADDR") || !env("MASTER_PORT") || !env("NODE_RANK")) {
     throw std::invalid_argument("num_nodes=" + std::to_string(num_nodes) +

@@ -4,9 +4,11 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <stdexcept>
+#include <utility>
 
 namespace fulgur::runtime {
 namespace {
@@ -39,7 +41,27 @@ void write_line(const std::string& line) {
   }
 }
 
+// The rank and world size a RankScope set; -1: none is set.
+std::atomic<int64_t> scoped_rank{-1};
+std::atomic<int64_t> scoped_world_size{-1};
+
+// This process's global rank and world size.
+std::pair<int64_t, int64_t> ranks() {
+  const int64_t rank = scoped_rank.load();
+  if (rank >= 0) return {rank, scoped_world_size.load()};
+  const auto env = detect_cluster_environment();
+  return {env->global_rank(), env->world_size()};
+}
+
 }  // namespace
+
+RankScope::RankScope(int64_t global_rank, int64_t world_size)
+    : previous_rank_(scoped_rank.exchange(global_rank)), previous_world_size_(scoped_world_size.exchange(world_size)) {}
+
+RankScope::~RankScope() {
+  scoped_rank.store(previous_rank_);
+  scoped_world_size.store(previous_world_size_);
+}
 
 void check_log_level() {
   const std::string s = level_setting();
@@ -57,13 +79,13 @@ bool log_enabled(LogLevel level) {
 
 void log(LogLevel level, const std::string& message) {
   if (!log_enabled(level)) return;
-  const auto env = detect_cluster_environment();
-  const std::string rank = env->world_size() > 1 ? "rank " + std::to_string(env->global_rank()) + ": " : "";
+  const auto [global_rank, world_size] = ranks();
+  const std::string rank = world_size > 1 ? "rank " + std::to_string(global_rank) + ": " : "";
   write_line("fulgur: " + rank + message + "\n");
 }
 
 void log_rank_zero(LogLevel level, const std::string& message) {
-  if (!log_enabled(level) || detect_cluster_environment()->global_rank() != 0) return;
+  if (!log_enabled(level) || ranks().first != 0) return;
   write_line("fulgur: " + message + "\n");
 }
 

@@ -11,6 +11,7 @@
 // rank_zero_info) go through rank_zero(); every-rank messages name the rank
 // when the job has several (WORLD_SIZE > 1). Thread safe.
 
+#include <cstdint>
 #include <string>
 
 namespace fulgur::runtime {
@@ -25,12 +26,29 @@ void check_log_level();
 bool log_enabled(LogLevel level);
 
 // Written by every process that calls it: "fulgur: rank R: <message>" in a job
-// of several processes (the detected cluster environment's world size and
-// rank), "fulgur: <message>" otherwise.
+// of several processes, "fulgur: <message>" otherwise. The rank and world
+// size are those a RankScope set; without one, the detected cluster
+// environment's.
 void log(LogLevel level, const std::string& message);
 
 // Written by global rank 0 only (the launching process counts as rank 0):
 // "fulgur: <message>".
 void log_rank_zero(LogLevel level, const std::string& message);
+
+// While it lives, messages take this process's rank and world size from it
+// (a running stage's strategy, which holds its cluster environment) instead
+// of detecting the environment again for each one. Restores the previous
+// ones when it ends. Not nested across threads: one scope per running stage.
+class RankScope {
+ public:
+  RankScope(int64_t global_rank, int64_t world_size);
+  ~RankScope();
+  RankScope(const RankScope&) = delete;
+  RankScope& operator=(const RankScope&) = delete;
+
+ private:
+  int64_t previous_rank_;
+  int64_t previous_world_size_;
+};
 
 }  // namespace fulgur::runtime

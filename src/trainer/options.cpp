@@ -13,7 +13,6 @@
 #include "runtime/log.h"
 #include "trainer/trainer_impl.h"
 
-#include <cstdlib>
 #include <set>
 #include <stdexcept>
 
@@ -75,11 +74,6 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
           "collective_timeout_ms=" + std::to_string(options.collective_timeout_ms()) + " must be > 0");
   runtime::check_log_level();
   require(options.num_nodes() >= 1, "num_nodes=" + std::to_string(options.num_nodes()) + " must be >= 1");
-  if (const char* nodes = std::getenv("NUM_NODES"); nodes && *nodes) {
-    require(std::to_string(options.num_nodes()) == nodes,
-            "num_nodes=" + std::to_string(options.num_nodes()) + " but the environment has NUM_NODES=" + nodes +
-                "; pass the same node count to the Trainer (--num-nodes in the examples) or unset NUM_NODES");
-  }
   // Check the limits now, before any process starts.
   for (auto [limit, name] : {std::pair{options.limit_train_batches(), "limit_train_batches"},
                              {options.limit_val_batches(), "limit_val_batches"},

@@ -7,6 +7,7 @@
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
+#include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/signals.h"
 #include "trainer/trainer_impl.h"
@@ -41,6 +42,8 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
   runtime::apply_malloc_policy();
 
   strategy->setup_environment();
+  // Messages of this stage take the ranks from the strategy's environment.
+  runtime::RankScope log_ranks(strategy->global_rank(), strategy->world_size());
   struct Teardown {
     Strategy* s;
     ~Teardown() { s->teardown(); }

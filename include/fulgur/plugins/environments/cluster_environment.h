@@ -72,8 +72,9 @@ class LightningEnvironment : public ClusterEnvironment {
   // across nodes); under torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE
   // =True), that store with one prefix per restart; else the default.
   RendezvousPoint rendezvous() const override;
-  // When fulgur's launcher starts the nodes (num_nodes > 1, no RANK set):
-  // MASTER_ADDR, MASTER_PORT and NODE_RANK must be set.
+  // NUM_NODES, when set, must be num_nodes. When fulgur's launcher starts the
+  // nodes (num_nodes > 1, no RANK set): MASTER_ADDR, MASTER_PORT and
+  // NODE_RANK must be set.
   void validate_settings(int64_t num_devices, int64_t num_nodes) const override;
   // Set by the launcher inside a worker.
   static bool is_set();
