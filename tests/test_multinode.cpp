@@ -209,7 +209,7 @@ TEST(ClusterEnvironment, TheEnvironmentGivenToTheStrategyIsHeldAndAsked) {
                                                 nullptr, po);
   EXPECT_EQ(&strategy->cluster_environment(), env.get());
   fulgur::testing::TinyRegression m;
-  Trainer t(TrainerOptions().strategy_object(strategy).max_epochs(1).default_root_dir(dir.path)
+  Trainer t(TrainerOptions().strategy(strategy).max_epochs(1).default_root_dir(dir.path)
                 .enable_progress_bar(false).enable_model_summary(false).logger(false).enable_checkpointing(false));
   t.fit(m, std::make_shared<DataLoader>(fulgur::testing::regression_data(16), DataLoaderOptions(4)));
   EXPECT_EQ(t.global_step(), 4);

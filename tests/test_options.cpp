@@ -85,13 +85,28 @@ TEST(Options, XlaStrategyRefusesForeignPlugins) {
 // the opposite of what it does is refused; so is a CSV logger flush interval below 1.
 TEST(Options, ShardingSwitchAndLoggerFlushMustBeConsistent) {
   auto shards = std::make_shared<XLAStrategy>(std::vector<int64_t>{0, 1});
-  expect_invalid([&] { Trainer t(TrainerOptions().strategy_object(shards).use_distributed_sampler(false)); },
+  expect_invalid([&] { Trainer t(TrainerOptions().strategy(shards).use_distributed_sampler(false)); },
                  {"use_distributed_sampler=false", "ParallelOptions::use_distributed_sampler"});
   ParallelOptions as_given;
   as_given.use_distributed_sampler = false;
   auto unsharded = std::make_shared<XLAStrategy>(std::vector<int64_t>{0, 1}, nullptr, nullptr, as_given);
-  Trainer t(TrainerOptions().strategy_object(unsharded).use_distributed_sampler(false));
+  Trainer t(TrainerOptions().strategy(unsharded).use_distributed_sampler(false));
   expect_invalid([] { CSVLogger l(CSVLoggerOptions(".").flush_logs_every_n_steps(0)); }, {"flush_logs_every_n_steps=0", ">= 1"});
+}
+
+// One `strategy` field takes a name or an object; a null one of either is
+// refused, naming the valid names.
+TEST(Options, StrategyTakesANameOrAnObject) {
+  auto object = std::make_shared<DDPStrategy>(std::make_shared<CPUAccelerator>(), std::vector<int64_t>{0, 1});
+  Trainer by_object(TrainerOptions().strategy(object));
+  EXPECT_EQ(&by_object.strategy(), object.get());
+  const std::string name = "ddp";
+  Trainer by_name(TrainerOptions().accelerator("cpu").devices(2).strategy(name));
+  EXPECT_NE(dynamic_cast<DDPStrategy*>(&by_name.strategy()), nullptr);
+  expect_invalid([] { Trainer t(TrainerOptions().strategy(std::shared_ptr<DDPStrategy>())); },
+                 {"strategy: the Strategy object (or name) given is null", "ddp", "single_device"});
+  expect_invalid([] { Trainer t(TrainerOptions().strategy(static_cast<const char*>(nullptr))); },
+                 {"strategy: the Strategy object (or name) given is null", "xla_debug"});
 }
 
 TEST(Options, ReduceOpNames) {

@@ -389,7 +389,7 @@ TEST(Faults, DiskFullDuringASaveOnTwoRanksKeepsThePreviousCheckpointAndFailsEver
   auto strategy = std::make_shared<DDPStrategy>(std::make_shared<CPUAccelerator>(), std::vector<int64_t>{0, 1}, io,
                                                 nullptr, po);
   fulgur::testing::TinyRegression m;
-  Trainer t(TrainerOptions().strategy_object(strategy).max_epochs(3).default_root_dir(dir.path)
+  Trainer t(TrainerOptions().strategy(strategy).max_epochs(3).default_root_dir(dir.path)
                 .enable_progress_bar(false).enable_model_summary(false).logger(false)
                 .callbacks({std::make_shared<RecordingModelCheckpoint>(ck, dir.path)}));
   const std::string cause = "cannot save " + ck + "/last.ckpt: writing its temporary " + ck + "/.last.ckpt.tmp-";
@@ -425,7 +425,7 @@ TEST(Faults, RefusedSaveKeepsThePreviousCheckpointWhichResumes) {
   auto callback = std::make_shared<RecordingModelCheckpoint>(ck, dir.path);
   {
     fulgur::testing::TinyRegression m;
-    Trainer t(TrainerOptions().strategy_object(std::make_shared<SingleDeviceStrategy>(
+    Trainer t(TrainerOptions().strategy(std::make_shared<SingleDeviceStrategy>(
                                    c10::Device(c10::kCPU), std::make_shared<CPUAccelerator>(), io))
                   .max_epochs(3).default_root_dir(dir.path).enable_progress_bar(false).enable_model_summary(false)
                   .logger(false).callbacks({callback}));
@@ -1036,7 +1036,7 @@ std::shared_ptr<Strategy> two_cpu_workers(std::chrono::milliseconds stop_timeout
 }
 
 TrainerOptions stop_options(const std::string& root, std::shared_ptr<Strategy> strategy) {
-  return TrainerOptions().strategy_object(std::move(strategy)).max_epochs(1).default_root_dir(root)
+  return TrainerOptions().strategy(std::move(strategy)).max_epochs(1).default_root_dir(root)
       .enable_progress_bar(false).enable_model_summary(false).num_sanity_val_steps(0);
 }
 

@@ -206,7 +206,7 @@ TEST(Strategies, CheckpointIsWrittenOnceByRankZeroWithCpuTensors) {
                                                 std::make_shared<RecordingIO>(dir.path + "/writes.txt"));
   TinyRegression m;
   auto ckpt = std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().dirpath(dir.path + "/ck"));
-  Trainer t(TrainerOptions().strategy_object(strategy).max_epochs(1).default_root_dir(dir.path)
+  Trainer t(TrainerOptions().strategy(strategy).max_epochs(1).default_root_dir(dir.path)
                 .enable_progress_bar(false).callbacks({ckpt}));
   t.fit(m, loader(32, 4));
   std::ifstream in(dir.path + "/writes.txt");
@@ -322,7 +322,7 @@ void expect_gather_grads(const std::string& accelerator, int world) {
     strategy = std::make_shared<DDPStrategy>(std::make_shared<CPUAccelerator>(), devices);
   }
   GatherGrads m;
-  Trainer t(TrainerOptions().strategy_object(strategy).max_steps(1).default_root_dir(dir.path)
+  Trainer t(TrainerOptions().strategy(strategy).max_steps(1).default_root_dir(dir.path)
                 .enable_progress_bar(false).enable_checkpointing(false).logger(false).num_sanity_val_steps(0));
   try {
     t.fit(m, loader(16, 4));

@@ -165,7 +165,7 @@ TEST(TensorBoard, BesideACsvLoggerAFitLogsTheSameRowsInOneVersionFolder) {
   auto csv = std::make_shared<CSVLogger>(dir.path);
   Trainer trainer(TrainerOptions().accelerator("cpu").devices(1).default_root_dir(dir.path).enable_progress_bar(false)
                       .num_sanity_val_steps(0).max_epochs(3).log_every_n_steps(1).enable_model_summary(false)
-                      .loggers({tb, csv}));
+                      .logger({tb, csv}));
   auto data = regression_data(32);
   trainer.fit(model, std::make_shared<DataLoader>(data, DataLoaderOptions(8)),
               std::make_shared<DataLoader>(data, DataLoaderOptions(16)));
@@ -230,7 +230,7 @@ TEST(TensorBoard, OnlyRankZeroWritesUnderDdp) {
   auto tb = std::make_shared<TensorBoardLogger>(dir.path);
   Trainer trainer(TrainerOptions().accelerator("cpu").devices(2).strategy("ddp").default_root_dir(dir.path)
                       .enable_progress_bar(false).num_sanity_val_steps(0).max_steps(4).log_every_n_steps(1)
-                      .enable_checkpointing(false).enable_model_summary(false).logger_object(tb));
+                      .enable_checkpointing(false).enable_model_summary(false).logger(tb));
   trainer.fit(model, std::make_shared<DataLoader>(regression_data(32), DataLoaderOptions(4)));
   // The launching process learnt rank 0's version.
   EXPECT_EQ(tb->log_dir(), dir.path + "/lightning_logs/version_0");
@@ -256,13 +256,43 @@ TEST(TensorBoard, AnUnwritableFolderIsNamed) {
   }
 }
 
-TEST(TensorBoard, LoggerObjectAndLoggersTogetherAreRefused) {
+// A string is not a logger choice: it would otherwise convert to `true`.
+static_assert(!std::is_constructible_v<LoggerChoice, const char*>);
+
+// One `logger` field takes what Lightning's logger= takes: true, false, a
+// logger, or several (an empty list is none).
+TEST(TensorBoard, LoggerTakesABoolALoggerOrSeveral) {
+  TempDir dir;
+  auto quiet = [&] { return TrainerOptions().default_root_dir(dir.path).enable_progress_bar(false); };
+  Trainer with_default(quiet());
+  ASSERT_EQ(with_default.loggers().size(), 1u);
+  EXPECT_NE(dynamic_cast<CSVLogger*>(with_default.logger().get()), nullptr);
+  EXPECT_TRUE(Trainer(quiet().logger(false)).loggers().empty());
+  EXPECT_TRUE(Trainer(quiet().logger(std::vector<std::shared_ptr<Logger>>{})).loggers().empty());
+  auto tb = std::make_shared<TensorBoardLogger>(dir.path);
+  auto csv = std::make_shared<CSVLogger>(dir.path);
+  Trainer one(quiet().logger(tb));
+  ASSERT_EQ(one.loggers().size(), 1u);
+  EXPECT_EQ(one.logger().get(), tb.get());
+  Trainer two(quiet().logger({tb, csv}));
+  ASSERT_EQ(two.loggers().size(), 2u);
+  EXPECT_EQ(two.loggers()[0].get(), tb.get());
+  EXPECT_EQ(two.loggers()[1].get(), csv.get());
+}
+
+TEST(TensorBoard, NullLoggerIsRefusedNamingItsPlace) {
   TempDir dir;
   try {
-    Trainer t(TrainerOptions().logger_object(std::make_shared<CSVLogger>(dir.path))
-                  .loggers({std::make_shared<TensorBoardLogger>(dir.path)}));
-    FAIL() << "accepted";
+    Trainer t(TrainerOptions().default_root_dir(dir.path).logger(std::shared_ptr<CSVLogger>()));
+    FAIL() << "a null logger was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_THAT(e.what(), HasSubstr("logger_object and loggers are both set"));
+    EXPECT_THAT(e.what(), HasSubstr("logger: logger 0 of the 1 given is null"));
+  }
+  try {
+    Trainer t(TrainerOptions().default_root_dir(dir.path).logger({std::make_shared<CSVLogger>(dir.path), nullptr}));
+    FAIL() << "a null logger among two was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("logger 1 of the 2 given is null"));
+    EXPECT_THAT(e.what(), HasSubstr("true (a CSVLogger in default_root_dir) or false (none)"));
   }
 }

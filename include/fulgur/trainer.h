@@ -17,10 +17,13 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace fulgur {
@@ -52,6 +55,52 @@ class BatchLimit {
   double fraction_;
 };
 
+// A strategy by name or as a configured object (Lightning's
+// strategy: Union[str, Strategy]).
+// Example: strategy("ddp"), or strategy(std::make_shared<fulgur::DDPStrategy>(...)).
+class StrategyChoice {
+ public:
+  StrategyChoice(std::string name) : name_(std::move(name)) {}            // NOLINT
+  StrategyChoice(const char* name) : name_(name ? name : ""), null_(!name) {}  // NOLINT
+  template <typename S, typename = std::enable_if_t<std::is_convertible_v<S*, Strategy*>>>
+  StrategyChoice(std::shared_ptr<S> object) : object_(std::move(object)), null_(!object_) {}  // NOLINT
+  // The configured object, or nullptr when a name was given.
+  const std::shared_ptr<Strategy>& object() const { return object_; }
+  // The name given ("" with an object).
+  const std::string& name() const { return name_; }
+  // A null object or a null name was given: the Trainer refuses it.
+  bool is_null() const { return null_; }
+
+ private:
+  std::string name_;
+  std::shared_ptr<Strategy> object_;
+  bool null_ = false;
+};
+
+// Where the logged metrics go (Lightning's logger: Union[Logger,
+// Iterable[Logger], bool]): true, a CSVLogger in default_root_dir; false
+// (or no loggers), none; a logger; or several.
+// Example: logger(false), logger(std::make_shared<fulgur::CSVLogger>("runs")),
+// logger({tensorboard, csv}).
+class LoggerChoice {
+ public:
+  LoggerChoice(bool enabled) : default_logger_(enabled) {}  // NOLINT
+  // Not a bool: a string or pointer here is a mistake, not `true`.
+  LoggerChoice(const char*) = delete;
+  template <typename L, typename = std::enable_if_t<std::is_convertible_v<L*, Logger*>>>
+  LoggerChoice(std::shared_ptr<L> logger) : loggers_{std::move(logger)} {}  // NOLINT
+  LoggerChoice(std::vector<std::shared_ptr<Logger>> loggers) : loggers_(std::move(loggers)) {}  // NOLINT
+  LoggerChoice(std::initializer_list<std::shared_ptr<Logger>> loggers) : loggers_(loggers) {}  // NOLINT
+  // logger(true): the Trainer makes a CSVLogger in default_root_dir.
+  bool default_logger() const { return default_logger_; }
+  // The loggers given, in order (a null one is refused by the Trainer).
+  const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
+
+ private:
+  bool default_logger_ = false;
+  std::vector<std::shared_ptr<Logger>> loggers_;
+};
+
 struct TrainerOptions {
   // "cpu", "xla" or "auto".
   TORCH_ARG(std::string, accelerator) = "auto";
@@ -66,10 +115,11 @@ struct TrainerOptions {
   // Duplicates, negatives and indices the accelerator does not have are
   // refused by the Trainer's constructor, naming the value and the range.
   TrainerOptions& devices(const std::vector<int64_t>& indices);
-  // "auto", "single_device", "single_xla", "ddp", "xla", "xla_debug".
-  TORCH_ARG(std::string, strategy) = "auto";
-  // A configured strategy object; overrides `strategy`, `accelerator`, `devices`.
-  TORCH_ARG(std::shared_ptr<Strategy>, strategy_object) = nullptr;
+  // A name: "auto", "single_device", "single_xla", "ddp", "xla", "xla_debug";
+  // or a configured Strategy object, which overrides `accelerator`,
+  // `devices`, `precision`, `num_nodes`, `start_method` and
+  // `collective_timeout_ms` (the object has its own).
+  TORCH_ARG(StrategyChoice, strategy) = "auto";
   // "32-true", "bf16-true", or "bf16-mixed" (CPU autocast to bfloat16 with
   // float32 weights; not on xla). See plugins/precision/precision.h.
   TORCH_ARG(std::string, precision) = "32-true";
@@ -98,15 +148,13 @@ struct TrainerOptions {
   TORCH_ARG(bool, enable_checkpointing) = true;
   // Add a ModelSummary (rank 0 prints the model's table at fit start) if none is given.
   TORCH_ARG(bool, enable_model_summary) = true;
-  // false: no logger. With true and no `logger_object` or `loggers`: a CSVLogger.
-  TORCH_ARG(bool, logger) = true;
-  TORCH_ARG(std::shared_ptr<Logger>, logger_object) = nullptr;
-  // Several loggers at once (Lightning's logger=[...]); set this or
-  // logger_object, not both. Rank 0 gives each every logged metric and the
-  // hparams. The first one's log_dir is Trainer::log_dir() and holds the
-  // checkpoints. Their versions are resolved before any of them writes, so
-  // loggers on the same root_dir and name share one version_<N> folder.
-  TORCH_ARG(std::vector<std::shared_ptr<Logger>>, loggers) = {};
+  // true: a CSVLogger in default_root_dir; false: none; a logger; or several
+  // ({tensorboard, csv}, Lightning's logger=[...]). Rank 0 gives each every
+  // logged metric and the hparams. The first one's log_dir is
+  // Trainer::log_dir() and holds the checkpoints. Their versions are
+  // resolved before any of them writes, so loggers on the same root_dir and
+  // name share one version_<N> folder. None with fast_dev_run.
+  TORCH_ARG(LoggerChoice, logger) = true;
   TORCH_ARG(std::vector<std::shared_ptr<Callback>>, callbacks) = {};
   // seed_everything(seed) on every rank before setup. The weights a module
   // draws in its constructor come earlier: call fulgur::seed_everything first
@@ -126,7 +174,7 @@ struct TrainerOptions {
   // rank its share) and refuse any other BatchSource, which every rank would
   // use whole. false: every loader is used as given, so it must yield only
   // this rank's share itself (Lightning's use_distributed_sampler=False). A
-  // strategy_object decides by its ParallelOptions::use_distributed_sampler
+  // strategy object decides by its ParallelOptions::use_distributed_sampler
   // (false here with true there is refused).
   TORCH_ARG(bool, use_distributed_sampler) = true;
 };

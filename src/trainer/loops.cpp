@@ -38,8 +38,8 @@ void TrainerImpl::manual_optimizer_step(torch::optim::Optimizer& optimizer, cons
   ++global_step;
 }
 void TrainerImpl::clip_gradients(torch::optim::Optimizer& optimizer) {
-  if (!options.gradient_clip_val() || *options.gradient_clip_val() <= 0) return;
-  const double clip = *options.gradient_clip_val();
+  if (!resolved.gradient_clip_val) return;
+  const double clip = *resolved.gradient_clip_val;
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   for (auto& g : optimizer.param_groups())
@@ -215,11 +215,11 @@ void TrainerImpl::predict_loop(BatchSource& source, int64_t max_batches) {
 
 void TrainerImpl::fit_loop() {
   const int64_t available = train_source->num_batches();
-  num_training_batches = limit_overrides > 0 ? std::min(limit_overrides, available)
+  num_training_batches = resolved.limit_overrides > 0 ? std::min(resolved.limit_overrides, available)
                                              : options.limit_train_batches().resolve(available, "limit_train_batches");
   int64_t val_batches = 0;
   if (val_source) {
-    val_batches = limit_overrides > 0 ? std::min(limit_overrides, val_source->num_batches())
+    val_batches = resolved.limit_overrides > 0 ? std::min(resolved.limit_overrides, val_source->num_batches())
                                       : options.limit_val_batches().resolve(val_source->num_batches(), "limit_val_batches");
   }
   const BatchLimit& vci = options.val_check_interval();
@@ -237,7 +237,7 @@ void TrainerImpl::fit_loop() {
   for (auto& c : callbacks) c->on_fit_start(owner, *model);
   model->on_fit_start();
 
-  if (val_source && val_batches > 0 && global_step == 0 && limit_overrides == 0) {
+  if (val_source && val_batches > 0 && global_step == 0 && resolved.limit_overrides == 0) {
     const int64_t n = options.num_sanity_val_steps() == -1 ? val_batches : std::min(options.num_sanity_val_steps(), val_batches);
     if (n > 0) {
       sanity_checking = true;
@@ -248,7 +248,7 @@ void TrainerImpl::fit_loop() {
 
   auto done = [&] {
     if (options.max_steps() != -1 && global_step >= options.max_steps()) return true;
-    if (max_epochs != -1 && current_epoch >= max_epochs) return true;
+    if (resolved.max_epochs != -1 && current_epoch >= resolved.max_epochs) return true;
     return should_stop && current_epoch >= options.min_epochs();
   };
 
@@ -335,7 +335,7 @@ std::string TrainerImpl::fit_stop_reason() const {
     }
     return "should_stop was set";
   }
-  if (max_epochs != -1 && current_epoch >= max_epochs) return "max_epochs=" + std::to_string(max_epochs) + " reached";
+  if (resolved.max_epochs != -1 && current_epoch >= resolved.max_epochs) return "max_epochs=" + std::to_string(resolved.max_epochs) + " reached";
   return "the training loader ran out";
 }
 }  // namespace fulgur::detail

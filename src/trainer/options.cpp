@@ -82,17 +82,24 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
                              {options.val_check_interval(), "val_check_interval"}}) {
     limit.resolve(1, name);
   }
-  max_epochs = options.max_epochs().value_or(options.max_steps() == -1 ? 1000 : -1);
-
+  resolved.max_epochs = options.max_epochs().value_or(options.max_steps() == -1 ? 1000 : -1);
   if (options.fast_dev_run() > 0) {
-    limit_overrides = options.fast_dev_run();
-    max_epochs = 1;
+    resolved.limit_overrides = options.fast_dev_run();
+    resolved.max_epochs = 1;
   }
+  if (options.gradient_clip_val() && *options.gradient_clip_val() > 0) resolved.gradient_clip_val = options.gradient_clip_val();
 
-  strategy = options.strategy_object();
+  const StrategyChoice& choice = options.strategy();
+  if (choice.is_null()) {
+    std::string names;
+    for (const auto& n : strategy_names()) names += (names.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("strategy: the Strategy object (or name) given is null; give a configured strategy "
+                                "object or one of the names " + names);
+  }
+  strategy = choice.object();
   if (!strategy) {
     StrategyRequest req;
-    req.strategy = options.strategy();
+    req.strategy = choice.name();
     req.accelerator = options.accelerator();
     req.devices = options.devices();
     req.precision = options.precision();
@@ -104,12 +111,12 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
   } else if (auto* parallel = dynamic_cast<ParallelStrategy*>(strategy.get());
              parallel && !options.use_distributed_sampler() && parallel->parallel_options().use_distributed_sampler) {
     throw std::invalid_argument(
-        "use_distributed_sampler=false, but the strategy_object shards loaders (its "
+        "use_distributed_sampler=false, but the strategy object shards loaders (its "
         "ParallelOptions::use_distributed_sampler is true); with a strategy object, set it there");
   }
 
   callbacks = options.callbacks();
-  const bool dev_run = limit_overrides > 0;
+  const bool dev_run = resolved.limit_overrides > 0;
   if (options.enable_checkpointing() && !dev_run && !find_callback<ModelCheckpoint>(callbacks)) {
     callbacks.push_back(std::make_shared<ModelCheckpoint>());
   }
@@ -125,14 +132,15 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
     require(keys.insert(c->state_key()).second,
             "callbacks: two callbacks share the state key '" + c->state_key() + "'; give them different settings");
   }
-  require(!options.logger_object() || options.loggers().empty(),
-          "logger_object and loggers are both set; put the logger_object into loggers (the first one's log_dir holds "
-          "the checkpoints)");
-  for (const auto& l : options.loggers()) require(l != nullptr, "loggers: a logger is null");
-  if (options.logger() && !dev_run) {
-    loggers = options.loggers();
-    if (options.logger_object()) loggers.push_back(options.logger_object());
-    if (loggers.empty()) loggers.push_back(std::make_shared<CSVLogger>(options.default_root_dir()));
+  const LoggerChoice& logger = options.logger();
+  for (size_t i = 0; i < logger.loggers().size(); ++i) {
+    require(logger.loggers()[i] != nullptr,
+            "logger: logger " + std::to_string(i) + " of the " + std::to_string(logger.loggers().size()) +
+                " given is null; give a Logger object, true (a CSVLogger in default_root_dir) or false (none)");
+  }
+  if (!dev_run) {
+    loggers = logger.loggers();
+    if (logger.default_logger()) loggers.push_back(std::make_shared<CSVLogger>(options.default_root_dir()));
   }
 }
 

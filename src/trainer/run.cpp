@@ -130,7 +130,7 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     const BatchLimit& limit = run_stage == Stage::kValidate ? options.limit_val_batches()
                               : run_stage == Stage::kTest   ? options.limit_test_batches()
                                                             : options.limit_predict_batches();
-    const int64_t n = limit_overrides > 0 ? std::min(limit_overrides, source->num_batches())
+    const int64_t n = resolved.limit_overrides > 0 ? std::min(resolved.limit_overrides, source->num_batches())
                                           : limit.resolve(source->num_batches(), "limit_*_batches");
     if (run_stage == Stage::kPredict) {
       predict_loop(*source, n);

@@ -46,6 +46,18 @@ struct StageData {
   std::shared_ptr<BatchSource> eval;  // validate / test / predict
 };
 
+// The values the loops read that the options only imply, resolved once by
+// the constructor (options.cpp) so that nothing re-derives them later.
+struct ResolvedOptions {
+  // -1: no limit. Lightning's rule: max_epochs, else 1000 unless max_steps
+  // is set; 1 under fast_dev_run.
+  int64_t max_epochs = 1000;
+  // fast_dev_run's batch count, which every loop runs; 0 = off.
+  int64_t limit_overrides = 0;
+  // Set and > 0: clip at this value; else no clipping.
+  std::optional<double> gradient_clip_val;
+};
+
 struct TrainerImpl;
 
 // The RunContext of a TrainerImpl (run_context(trainer) returns it).
@@ -121,12 +133,13 @@ struct TrainerImpl {
   Trainer& owner;
   TrainerRunContext context{*this};
   TrainerOptions options;
+  ResolvedOptions resolved;
+  // Resolved once by the constructor from `strategy`, `callbacks` (with the
+  // enable_* defaults) and `logger`.
   std::shared_ptr<Strategy> strategy;
   std::vector<std::shared_ptr<Callback>> callbacks;
   // Rank 0 calls each, in order; empty with logger(false) or fast_dev_run.
   std::vector<std::shared_ptr<Logger>> loggers;
-  int64_t max_epochs = 1000;
-  int64_t limit_overrides = 0;  // fast_dev_run batches, 0 = off
 
   // Loop state.
   LightningModule* model = nullptr;

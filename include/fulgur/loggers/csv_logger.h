@@ -6,7 +6,7 @@
 // Example:
 //   auto logger = std::make_shared<fulgur::CSVLogger>(
 //       fulgur::CSVLoggerOptions("runs").flush_logs_every_n_steps(10));
-//   fulgur::Trainer trainer(fulgur::TrainerOptions().logger_object(logger));
+//   fulgur::Trainer trainer(fulgur::TrainerOptions().logger(logger));
 
 #include <fulgur/loggers/logger.h>
 

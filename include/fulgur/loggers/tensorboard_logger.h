@@ -5,7 +5,7 @@
 // hparams in the HParams tab). Needs no TensorBoard or protobuf library.
 //
 // Example (with a CSVLogger beside it):
-//   fulgur::Trainer trainer(fulgur::TrainerOptions().loggers(
+//   fulgur::Trainer trainer(fulgur::TrainerOptions().logger(
 //       {std::make_shared<fulgur::TensorBoardLogger>("runs"), std::make_shared<fulgur::CSVLogger>("runs")}));
 
 #include <fulgur/loggers/logger.h>
