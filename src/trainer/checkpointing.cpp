@@ -253,5 +253,6 @@ std::string TrainerImpl::resolve_ckpt_path(const std::string& ckpt_path) const {
   }
   return best.string();
 }
+
 }  // namespace fulgur::detail
 

@@ -63,6 +63,7 @@ void TrainerImpl::log_epoch_metrics(const std::map<std::string, ResultCollection
     for (auto& l : loggers) l->log_metrics(row, step);
   }
 }
+
 void TrainerImpl::report_fit_end(const std::string& why) const {
   if (!strategy->is_global_zero()) return;
   using runtime::LogLevel;
@@ -87,5 +88,6 @@ void TrainerImpl::report_fit_end(const std::string& why) const {
   for (const auto& l : loggers) dirs += (dirs.empty() ? "" : ", ") + l->log_dir();
   runtime::log_rank_zero(LogLevel::kInfo, loggers.empty() ? "no logs (logger is off)" : "logs: " + dirs);
 }
+
 }  // namespace fulgur::detail
 

@@ -37,6 +37,7 @@ void TrainerImpl::manual_optimizer_step(torch::optim::Optimizer& optimizer, cons
   strategy->optimizer_step(optimizer, closure, nullptr);
   ++global_step;
 }
+
 void TrainerImpl::clip_gradients(torch::optim::Optimizer& optimizer) {
   if (!resolved.gradient_clip_val) return;
   const double clip = *resolved.gradient_clip_val;
@@ -335,8 +336,11 @@ std::string TrainerImpl::fit_stop_reason() const {
     }
     return "should_stop was set";
   }
-  if (resolved.max_epochs != -1 && current_epoch >= resolved.max_epochs) return "max_epochs=" + std::to_string(resolved.max_epochs) + " reached";
+  if (resolved.max_epochs != -1 && current_epoch >= resolved.max_epochs) {
+    return "max_epochs=" + std::to_string(resolved.max_epochs) + " reached";
+  }
   return "the training loader ran out";
 }
+
 }  // namespace fulgur::detail
 

@@ -162,5 +162,6 @@ c10::IValue TrainerImpl::run(Stage run_stage, LightningModule& m, StageData data
   if (!ran_here) apply_result(result);
   return result;
 }
+
 }  // namespace fulgur::detail
 

@@ -69,5 +69,6 @@ void TrainerImpl::apply_result(const c10::IValue& value) {
     }
   }
 }
+
 }  // namespace fulgur::detail
 
