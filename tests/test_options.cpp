@@ -2,6 +2,7 @@
 #include "support.h"
 
 #include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/xla.h>
 #include <fulgur/strategies/registry.h>
 
 #include <gtest/gtest.h>

@@ -8,7 +8,7 @@
 #include <charlm/charlm_module.h>
 
 #include <fulgur/xla/backend.h>
-#include <fulgur/xla/module_mover.h>
+#include <fulgur/module_mover.h>
 
 #include <torch/csrc/lazy/core/metrics.h>
 

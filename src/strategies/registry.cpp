@@ -1,4 +1,6 @@
 #include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/single_xla.h>
+#include <fulgur/strategies/xla.h>
 #include <fulgur/strategies/registry.h>
 
 #include <algorithm>

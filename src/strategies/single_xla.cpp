@@ -1,4 +1,4 @@
-#include <fulgur/strategies/strategy.h>
+#include <fulgur/strategies/single_xla.h>
 
 #include "strategies/xla_common.h"
 #include <fulgur/xla/backend.h>

@@ -6,7 +6,7 @@
 #include "trainer/trainer_impl.h"
 #include "strategies/xla_common.h"
 #include <fulgur/xla/backend.h>
-#include <fulgur/xla/module_mover.h>
+#include <fulgur/module_mover.h>
 
 #include <torch/torch.h>
 
@@ -165,12 +165,5 @@ Checkpoint Strategy::load_checkpoint(const std::string& path) { return checkpoin
 void Strategy::remove_checkpoint(const std::string& path) {
   if (local_rank() == 0) checkpoint_io().remove_checkpoint(path);
 }
-
-// --- SingleDeviceStrategy ---------------------------------------------------
-
-SingleDeviceStrategy::SingleDeviceStrategy(c10::Device device, std::shared_ptr<Accelerator> accelerator,
-                                           std::shared_ptr<CheckpointIO> checkpoint_io,
-                                           std::shared_ptr<Precision> precision)
-    : Strategy(std::move(accelerator), std::move(checkpoint_io), std::move(precision)), device_(device) {}
 
 }  // namespace fulgur

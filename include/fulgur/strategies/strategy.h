@@ -6,11 +6,13 @@
 //    XLACheckpointIO and XLAPrecision in their constructors and refuse others);
 //  - the module it runs (connect), and from setup on the optimizers and
 //    schedulers its configure_optimizers returned (optimizer_config).
-// ParallelStrategy (ddp.h) also holds a ClusterEnvironment (given in its
-// ParallelOptions, or detected once by its constructor), its Launcher, made
-// by the constructor from what that environment says, and in each worker,
-// from setup_environment to teardown, the process group (collectives), formed
-// where the environment's rendezvous() says.
+// SingleDeviceStrategy (single_device.h) and SingleDeviceXLAStrategy
+// (single_xla.h) run in the calling process. ParallelStrategy (parallel.h)
+// also holds a ClusterEnvironment (given in its ParallelOptions, or detected
+// once by its constructor), its Launcher, made by the constructor from what
+// that environment says, and in each worker, from setup_environment to
+// teardown, the process group (collectives), formed where the environment's
+// rendezvous() says; DDPStrategy (ddp.h) and XLAStrategy (xla.h) derive from it.
 
 #include <fulgur/accelerators/accelerator.h>
 #include <fulgur/data/data_loader.h>
@@ -124,32 +126,6 @@ class Strategy {
   std::shared_ptr<Precision> precision_;
   LightningModule* model_ = nullptr;
   OptimizerConfig optimizer_config_;
-};
-
-// One process, one device.
-class SingleDeviceStrategy : public Strategy {
- public:
-  SingleDeviceStrategy(c10::Device device, std::shared_ptr<Accelerator> accelerator,
-                       std::shared_ptr<CheckpointIO> checkpoint_io = nullptr,
-                       std::shared_ptr<Precision> precision = nullptr);
-  c10::Device root_device() const override { return device_; }
-
- private:
-  c10::Device device_;
-};
-
-// One process on one xla device: steps are marked; checkpoints are written
-// from the CPU.
-class SingleDeviceXLAStrategy : public SingleDeviceStrategy {
- public:
-  explicit SingleDeviceXLAStrategy(std::shared_ptr<CheckpointIO> checkpoint_io = nullptr,
-                                   std::shared_ptr<Precision> precision = nullptr);
-  c10::Device root_device() const override;
-  void mark_step() override;
-  void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
-                       const StorageOptions& storage_options = {}) override;
-  std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader) override;
-  void teardown() override;
 };
 
 }  // namespace fulgur
