@@ -18,6 +18,7 @@
 #include <fulgur/loggers/csv_logger.h>
 #include <fulgur/loggers/tensorboard_logger.h>
 #include <fulgur/module_mover.h>
+#include <fulgur/plugins/precision/xla.h>
 #include <fulgur/strategies/ddp.h>
 #include <fulgur/strategies/parallel.h>
 #include <fulgur/strategies/registry.h>

@@ -2,6 +2,7 @@
 #include <fulgur/strategies/single_xla.h>
 #include <fulgur/strategies/xla.h>
 #include <fulgur/strategies/registry.h>
+#include <fulgur/plugins/precision/xla.h>
 
 #include <algorithm>
 

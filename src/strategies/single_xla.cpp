@@ -15,6 +15,8 @@ c10::Device SingleDeviceXLAStrategy::root_device() const { return xla::backend()
 
 void SingleDeviceXLAStrategy::mark_step() { xla::mark_step(); }
 
+void SingleDeviceXLAStrategy::on_train_end() { mark_step(); }
+
 void SingleDeviceXLAStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
                                               const StorageOptions& storage_options) {
   mark_step();

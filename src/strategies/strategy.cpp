@@ -4,8 +4,6 @@
 #include <fulgur/distributed/collectives.h>
 #include "optim/optim_state.h"
 #include "trainer/trainer_impl.h"
-#include "strategies/xla_common.h"
-#include <fulgur/xla/backend.h>
 #include <fulgur/module_mover.h>
 
 #include <torch/torch.h>
@@ -103,21 +101,11 @@ void Strategy::backward(const at::Tensor& loss) { loss.backward(); }
 
 void Strategy::optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
                               const std::function<void()>& before_step) {
-  StepHooks hooks;
-  hooks.before_step = [&] {
-    // On lazy devices the forward and backward run as their own graph before
-    // the update: gradients must be materialized for Gloo anyway, and on one
-    // process one graph for the whole step was slower with the TorchScript
-    // backend (charlm 152 against 115 ms, MNIST CNN 95 against 65 ms).
-    if (model_ && root_device().type() == c10::kLazy) mark_step();
+  if (!model_) throw std::logic_error("Strategy::optimizer_step: no module connected");
+  precision().optimizer_step(optimizer, *model_, closure, [&] {
     sync_gradients();
     if (before_step) before_step();
-  };
-  hooks.after_step = [this, &optimizer] {
-    if (model_ && root_device().type() == c10::kLazy) detail::apply_pending_updates(*model_, optimizer);
-    mark_step();
-  };
-  precision().optimizer_step(optimizer, closure, hooks);
+  });
 }
 
 at::Tensor Strategy::reduce(const at::Tensor& tensor, const std::string& reduce_op) {

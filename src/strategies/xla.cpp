@@ -22,8 +22,10 @@ c10::Device XLAStrategy::root_device() const {
 
 void XLAStrategy::mark_step() { xla::mark_step(); }
 
+void XLAStrategy::on_train_end() { mark_step(); }
+
 std::unique_ptr<detail::GradientSync> XLAStrategy::make_gradient_sync() {
-  // Strategy::optimizer_step marks the step (materializing the gradients) before syncing.
+  // XLAPrecision::optimizer_step marks the step (materializing the gradients) before the sync.
   return detail::make_step_reducer(detail::unique_trainable_parameters(*model_), collectives_);
 }
 

@@ -71,6 +71,8 @@ class Strategy {
 
   // --- Steps -------------------------------------------------------------------
   virtual void on_train_batch_start(const Batch& batch, int64_t batch_idx);
+  // When fit's loop has ended (after the module's and the callbacks' on_fit_end), on every rank.
+  virtual void on_train_end() {}
   // Each step: the precision's input conversion, in its ForwardContext (CPU
   // autocast for bf16-mixed). The evaluation steps also without gradient recording.
   virtual StepOutput training_step(const Batch& batch, int64_t batch_idx);
@@ -78,16 +80,15 @@ class Strategy {
   virtual StepOutput test_step(const Batch& batch, int64_t batch_idx);
   virtual at::Tensor predict_step(const Batch& batch, int64_t batch_idx);
   virtual void backward(const at::Tensor& loss);
-  // Runs closure; then (in the StepHooks this fills for precision().optimizer_step)
-  // a step mark on lazy devices, sync_gradients(), before_step (the trainer's:
-  // on_before_optimizer_step, clipping); the step; then on lazy devices the
-  // pending updates are applied and a step is marked.
+  // precision().optimizer_step over the connected module: the closure, then
+  // sync_gradients() and before_step (the trainer's on_before_optimizer_step
+  // and clipping; nullptr under manual optimization), then the update. What a
+  // device needs around it is the precision plugin's (XLAPrecision marks
+  // steps). Throws std::logic_error when no module is connected.
   virtual void optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
                               const std::function<void()>& before_step);
   // Whether the next backward's gradients are synced (false while accumulating).
   virtual void set_gradient_sync(bool /*enabled*/) {}
-  // Marks a step on lazy devices (no-op elsewhere).
-  virtual void mark_step() {}
   // Makes every rank's gradients the mean over ranks (no-op on one process).
   virtual void sync_gradients() {}
 
