@@ -27,6 +27,8 @@ std::vector<std::string> names_from_fulgur_h() {
   if (!group) seen.push_back("Collectives");
   BasePredictionWriter writer("epoch");
   if (writer.write_interval() == "epoch") seen.push_back("BasePredictionWriter");
+  XLAPrecision xla_precision("bf16-true");
+  if (xla_precision.dtype() == c10::kBFloat16) seen.push_back("XLAPrecision");
   return seen;
 }
 

@@ -2,6 +2,7 @@
 #include "support.h"
 
 #include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/xla.h>
 #include <fulgur/strategies/registry.h>
 
 #include <gtest/gtest.h>
@@ -159,7 +160,7 @@ TEST(PublicApi, FulgurHDeclaresWhatAUserProgramNeeds) {
   EXPECT_EQ(fulgur::testing::names_from_fulgur_h(),
             (std::vector<std::string>{"ParallelStrategy::reduce(Tensor)", "ParallelStrategy::reduce(IValue)",
                                       "XLAStrategy", "strategy_names", "DeviceLoader", "Collectives",
-                                      "BasePredictionWriter"}));
+                                      "BasePredictionWriter", "XLAPrecision"}));
 }
 
 // The example data sets (MNIST, the character data set) are not part of the library's umbrella header.

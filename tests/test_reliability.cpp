@@ -7,6 +7,7 @@
 
 #include <fulgur/plugins/io/checkpoint_io.h>
 #include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/single_device.h>
 
 #include "trainer/stop_poll.h"
 

@@ -6,6 +6,7 @@
 #include "runtime/threads.h"
 
 #include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/xla.h>
 
 
 #include <gtest/gtest.h>

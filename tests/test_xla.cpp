@@ -8,7 +8,7 @@
 #include <charlm/charlm_module.h>
 
 #include <fulgur/xla/backend.h>
-#include <fulgur/xla/module_mover.h>
+#include <fulgur/module_mover.h>
 
 #include <torch/csrc/lazy/core/metrics.h>
 
@@ -179,6 +179,71 @@ TEST(Xla, InPlaceUpdatesDoNotAccumulateLiveTensors) {
   ASSERT_EQ(net.live.size(), 40u);
   EXPECT_LE(net.live.back(), net.live[9] + 2) << "live lazy tensors grew from " << net.live[9] << " at step 9 to "
                                               << net.live.back() << " at step 39";
+}
+
+// One Linear(2, 1) on an xla device, and a step of SGD(0.5) on sum(fc(x)) with
+// x = [1, 2]: the gradient of the weight is x, so the weight becomes w0 - 0.5 * x.
+struct StepProbe : LightningModule {
+  StepProbe() : LightningModule("StepProbe") { fc = register_module("fc", torch::nn::Linear(2, 1)); }
+  StepOutput training_step(const Batch&, int64_t) override { return {}; }
+  OptimizerConfig configure_optimizers() override { return {}; }
+  torch::nn::Linear fc{nullptr};
+};
+
+struct StepMarks {
+  int64_t in_before_step = -1;  // marks between the start and before_step
+  int64_t in_total = -1;        // marks of the whole optimizer_step
+  bool updated = false;         // the weight is w0 - 0.5 * x
+};
+
+StepMarks one_step(Strategy& strategy) {
+  torch::manual_seed(3);
+  StepProbe m;
+  strategy.connect(m);
+  strategy.setup_environment();
+  strategy.model_to_device();
+  EXPECT_EQ(m.fc->weight.device().type(), c10::kLazy);
+  const at::Tensor w0 = m.fc->weight.to(torch::kCPU).clone();
+  const at::Tensor x = torch::tensor({{1.0f, 2.0f}});
+  const at::Tensor x_dev = x.to(m.fc->weight.device());
+  torch::optim::SGD opt(m.parameters(), torch::optim::SGDOptions(0.5));
+  StepMarks r;
+  const int64_t start = xla::metrics().mark_steps;
+  strategy.optimizer_step(
+      opt, [&] { m.fc->forward(x_dev).sum().backward(); },
+      [&] { r.in_before_step = xla::metrics().mark_steps - start; });
+  r.in_total = xla::metrics().mark_steps - start;
+  r.updated = torch::allclose(m.fc->weight.to(torch::kCPU), w0 - 0.5 * x);
+  return r;
+}
+
+// The lazy step is the precision plugin's (issue 13, item 3): XLAPrecision
+// marks a step after the backward, so the gradients exist before the strategy
+// syncs them, and one after the update, under a strategy that does not know
+// the device (the plain SingleDeviceStrategy) as under the XLA ones.
+TEST(Xla, XlaPrecisionMarksAStepAfterTheBackwardAndOneAfterTheUpdate) {
+  SingleDeviceStrategy plain(xla::backend().device(), std::make_shared<XLAAccelerator>(), nullptr,
+                             std::make_shared<XLAPrecision>());
+  const StepMarks p = one_step(plain);
+  EXPECT_EQ(p.in_before_step, 1);
+  EXPECT_EQ(p.in_total, 2);
+  EXPECT_TRUE(p.updated);
+  SingleDeviceXLAStrategy strategy;
+  const StepMarks r = one_step(strategy);
+  EXPECT_EQ(r.in_before_step, 1);
+  EXPECT_EQ(r.in_total, 2);
+  EXPECT_TRUE(r.updated);
+}
+
+// The base Strategy knows no device: with a plain Precision on the same lazy
+// device its optimizer step marks nothing (the values are synced when read).
+TEST(Xla, TheBaseStrategyWithAPlainPrecisionMarksNoStep) {
+  SingleDeviceStrategy strategy(xla::backend().device(), std::make_shared<XLAAccelerator>(), nullptr,
+                                std::make_shared<Precision>());
+  const StepMarks r = one_step(strategy);
+  EXPECT_EQ(r.in_before_step, 0);
+  EXPECT_EQ(r.in_total, 0);
+  EXPECT_TRUE(r.updated);
 }
 
 // An output layer that shares the embedding's weight, as GPT-2 does.

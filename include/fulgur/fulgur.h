@@ -1,7 +1,6 @@
 #pragma once
 // Everything a user program needs: the Trainer, modules, data, callbacks,
-// loggers, every strategy (strategies/ddp.h holds ParallelStrategy,
-// DDPStrategy and XLAStrategy), the registry, collectives and the device
+// loggers, every strategy, the registry, collectives and the device
 // loader. The example data sets are separate: <fulgur/data/mnist.h>
 // (load_mnist) and <fulgur/data/text.h> (CharDataset).
 
@@ -18,9 +17,14 @@
 #include <fulgur/lightning_module.h>
 #include <fulgur/loggers/csv_logger.h>
 #include <fulgur/loggers/tensorboard_logger.h>
+#include <fulgur/module_mover.h>
+#include <fulgur/plugins/precision/xla.h>
 #include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/parallel.h>
 #include <fulgur/strategies/registry.h>
+#include <fulgur/strategies/single_device.h>
+#include <fulgur/strategies/single_xla.h>
 #include <fulgur/strategies/strategy.h>
+#include <fulgur/strategies/xla.h>
 #include <fulgur/trainer.h>
 #include <fulgur/xla/backend.h>
-#include <fulgur/xla/module_mover.h>

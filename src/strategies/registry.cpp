@@ -1,5 +1,8 @@
 #include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/single_xla.h>
+#include <fulgur/strategies/xla.h>
 #include <fulgur/strategies/registry.h>
+#include <fulgur/plugins/precision/xla.h>
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include <fulgur/strategies/strategy.h>
+#include <fulgur/strategies/single_xla.h>
 
 #include "strategies/xla_common.h"
 #include <fulgur/xla/backend.h>
@@ -14,6 +14,8 @@ SingleDeviceXLAStrategy::SingleDeviceXLAStrategy(std::shared_ptr<CheckpointIO> c
 c10::Device SingleDeviceXLAStrategy::root_device() const { return xla::backend().device(); }
 
 void SingleDeviceXLAStrategy::mark_step() { xla::mark_step(); }
+
+void SingleDeviceXLAStrategy::on_train_end() { mark_step(); }
 
 void SingleDeviceXLAStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
                                               const StorageOptions& storage_options) {

@@ -4,9 +4,7 @@
 #include <fulgur/distributed/collectives.h>
 #include "optim/optim_state.h"
 #include "trainer/run_context.h"
-#include "strategies/xla_common.h"
-#include <fulgur/xla/backend.h>
-#include <fulgur/xla/module_mover.h>
+#include <fulgur/module_mover.h>
 
 #include <torch/torch.h>
 
@@ -103,21 +101,11 @@ void Strategy::backward(const at::Tensor& loss) { loss.backward(); }
 
 void Strategy::optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
                               const std::function<void()>& before_step) {
-  StepHooks hooks;
-  hooks.before_step = [&] {
-    // On lazy devices the forward and backward run as their own graph before
-    // the update: gradients must be materialized for Gloo anyway, and on one
-    // process one graph for the whole step was slower with the TorchScript
-    // backend (charlm 152 against 115 ms, MNIST CNN 95 against 65 ms).
-    if (model_ && root_device().type() == c10::kLazy) mark_step();
+  if (!model_) throw std::logic_error("Strategy::optimizer_step: no module connected");
+  precision().optimizer_step(optimizer, *model_, closure, [&] {
     sync_gradients();
     if (before_step) before_step();
-  };
-  hooks.after_step = [this, &optimizer] {
-    if (model_ && root_device().type() == c10::kLazy) detail::apply_pending_updates(*model_, optimizer);
-    mark_step();
-  };
-  precision().optimizer_step(optimizer, closure, hooks);
+  });
 }
 
 at::Tensor Strategy::reduce(const at::Tensor& tensor, const std::string& reduce_op) {
@@ -165,12 +153,5 @@ Checkpoint Strategy::load_checkpoint(const std::string& path) { return checkpoin
 void Strategy::remove_checkpoint(const std::string& path) {
   if (local_rank() == 0) checkpoint_io().remove_checkpoint(path);
 }
-
-// --- SingleDeviceStrategy ---------------------------------------------------
-
-SingleDeviceStrategy::SingleDeviceStrategy(c10::Device device, std::shared_ptr<Accelerator> accelerator,
-                                           std::shared_ptr<CheckpointIO> checkpoint_io,
-                                           std::shared_ptr<Precision> precision)
-    : Strategy(std::move(accelerator), std::move(checkpoint_io), std::move(precision)), device_(device) {}
 
 }  // namespace fulgur

@@ -4,8 +4,6 @@
 
 #include <fulgur/xla/backend.h>
 
-#include "optim/optim_state.h"
-
 #include <stdexcept>
 #include <string>
 
@@ -40,22 +38,6 @@ std::shared_ptr<BatchSource> xla_device_loader(std::shared_ptr<BatchSource> load
     xla::note_inputs({b.data, b.target});
     xla::mark_step();
   });
-}
-
-void apply_pending_updates(const torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
-  std::vector<at::Tensor> ts;
-  for (const auto& p : module.parameters()) {
-    ts.push_back(p);
-    ts.push_back(p.grad());
-  }
-  for (const auto& b : module.buffers()) ts.push_back(b);
-  for (const auto& [key, state] : optimizer.state()) {
-    map_state_tensors(*state, [&](const at::Tensor& t) {
-      ts.push_back(t);
-      return t;
-    });
-  }
-  xla::apply_pending_updates(ts);
 }
 
 }  // namespace fulgur::detail

@@ -3,12 +3,9 @@
 
 #include <fulgur/data/data_loader.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
-#include <fulgur/plugins/precision/precision.h>
+#include <fulgur/plugins/precision/xla.h>
 
 #include <c10/core/Device.h>
-
-#include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
 
 #include <memory>
 
@@ -24,10 +21,5 @@ std::shared_ptr<Precision> xla_precision(std::shared_ptr<Precision> precision, c
 // recompile warning and marks a step before handing it out. A loader that is
 // already a DeviceLoader comes back unchanged.
 std::shared_ptr<BatchSource> xla_device_loader(std::shared_ptr<BatchSource> loader, const c10::Device& device);
-
-// The module's parameters, their grads, its buffers and the optimizer's state
-// tensors (SGD, Adam, AdamW, RMSprop, Adagrad) through
-// xla::apply_pending_updates: once per optimizer step on lazy devices.
-void apply_pending_updates(const torch::nn::Module& module, torch::optim::Optimizer& optimizer);
 
 }  // namespace fulgur::detail

@@ -313,6 +313,7 @@ void TrainerImpl::fit_loop() {
   }
   model->on_fit_end();
   for (auto& c : callbacks) c->on_fit_end(owner, *model);
+  strategy->on_train_end();
   if (strategy->is_global_zero()) {
     for (auto& l : loggers) {
       l->save();

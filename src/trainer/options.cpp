@@ -6,7 +6,7 @@
 #include <fulgur/callbacks/model_summary.h>
 #include <fulgur/callbacks/progress_bar.h>
 #include <fulgur/loggers/csv_logger.h>
-#include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/parallel.h>
 #include <fulgur/strategies/registry.h>
 #include <fulgur/trainer.h>
 

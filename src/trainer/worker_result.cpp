@@ -35,7 +35,6 @@ c10::IValue TrainerImpl::make_result(const std::vector<at::Tensor>& preds) {
   r.insert("predictions", p);
   Launcher* launcher = strategy->launcher();
   if (stage == Stage::kFit && launcher && launcher->creates_processes()) {
-    strategy->mark_step();  // on xla devices: nothing pending before the copies
     Checkpoint c = dump_checkpoint();  // collective: every rank dumps
     // Only rank 0's result reaches the launching process.
     if (strategy->is_global_zero()) r.insert("checkpoint", to_cpu(c10::IValue(c)));

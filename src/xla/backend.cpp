@@ -29,7 +29,7 @@ std::unique_ptr<Backend>& instance() {
 std::unique_ptr<Backend> make_lazy_backend(bool pjrt);  // lazy_backend.cpp
 
 std::string Backend::metrics_report() const {
-  const Metrics m = metrics();
+  const BackendMetrics m = metrics();
   std::ostringstream o;
   char buf[64];
   o << "fulgur xla metrics (backend: " << name() << ", device: " << device() << ")\n";
@@ -98,7 +98,7 @@ void mark_step() {
   if (backend_started()) instance()->mark_step();
 }
 
-Metrics metrics() { return backend_started() ? instance()->metrics() : Metrics{}; }
+BackendMetrics metrics() { return backend_started() ? instance()->metrics() : BackendMetrics{}; }
 
 std::string metrics_report() {
   if (!backend_started()) return "fulgur xla metrics: the xla backend has not started\n";

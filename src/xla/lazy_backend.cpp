@@ -169,9 +169,9 @@ class LazyBackend : public Backend {
     unexplained_ = 0;
   }
 
-  Metrics metrics() const override {
+  BackendMetrics metrics() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    Metrics m;
+    BackendMetrics m;
     m.graphs_compiled = base_compiled_ + counter("UncachedCompile");
     m.cache_hits = base_hits_ + counter("CachedCompile");
     m.mark_steps = mark_steps_;

@@ -1,105 +1,16 @@
 #pragma once
-// Data parallel over processes: ParallelStrategy (ranks, collectives,
-// launcher), DDPStrategy (gradient sync overlapped with backward) and
-// XLAStrategy (gradients reduced at the optimizer step, step marks).
+// DDPStrategy: data parallel over processes, with each gradient bucket's
+// all-reduce overlapped with backward (PyTorch DDP).
 
-#include <fulgur/distributed/collectives.h>
-#include <fulgur/plugins/environments/cluster_environment.h>
-#include <fulgur/strategies/strategy.h>
+#include <fulgur/strategies/parallel.h>
 
-#include <chrono>
 #include <memory>
-#include <string>
 #include <vector>
 
 namespace fulgur {
 namespace detail {
 class GradientSync;
 }
-
-struct ParallelOptions {
-  // Bound on each collective and on the rendezvous.
-  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
-  // Log each collective and check all ranks call the same one.
-  bool debug = false;
-  // Broadcast every parameter and buffer from rank 0 at setup.
-  bool sync_module_states = true;
-  int64_t num_nodes = 1;
-  // "fork" or "spawn".
-  std::string start_method = "fork";
-  // Between SIGTERM and SIGKILL when a worker fails.
-  std::chrono::milliseconds grace_period{5000};
-  // After a stop signal: how long the workers get to save and exit (see
-  // MultiProcessLauncherOptions::stop_timeout).
-  std::chrono::milliseconds stop_timeout{30000};
-  // process_dataloader shards DataLoaders and refuses other sources; false:
-  // every loader is used as given (it must shard itself).
-  bool use_distributed_sampler = true;
-  // Where ranks, world size, main address and port and the rendezvous come
-  // from. nullptr: the one detect_cluster_environment() picks when the
-  // strategy is made. The strategy holds it for its lifetime, in the
-  // workers too: one that does not create its processes itself must answer
-  // there from the names fulgur's launcher sets (LightningEnvironment's).
-  std::shared_ptr<ClusterEnvironment> cluster_environment;
-};
-
-class ParallelStrategy : public Strategy {
- public:
-  ParallelStrategy(std::shared_ptr<Accelerator> accelerator, std::vector<int64_t> parallel_devices,
-                   std::shared_ptr<CheckpointIO> checkpoint_io, std::shared_ptr<Precision> precision,
-                   ParallelOptions options);
-  ~ParallelStrategy() override;
-
-  Launcher* launcher() override;
-  int64_t global_rank() const override;
-  int64_t local_rank() const override;
-  int64_t node_rank() const override;
-  int64_t world_size() const override;
-  c10::Device root_device() const override;
-  const std::vector<int64_t>& parallel_devices() const { return parallel_devices_; }
-  const ParallelOptions& parallel_options() const { return options_; }
-  // Held from construction; asked for ranks and the rendezvous in setup_environment.
-  const ClusterEnvironment& cluster_environment() const { return *cluster_environment_; }
-  // The process group (nullptr before launch).
-  const std::shared_ptr<Collectives>& collectives() const { return collectives_; }
-
-  void setup_environment() override;
-  void setup_module_states() override;
-  void teardown() override;
-
-  // Both Strategy::reduce overloads stay callable on a ParallelStrategy.
-  using Strategy::reduce;
-  at::Tensor reduce(const at::Tensor& tensor, const std::string& reduce_op = "mean") override;
-  at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads = false) override;
-  c10::IValue broadcast(const c10::IValue& value, int64_t src = 0) override;
-  void barrier(const std::string& name = "") override;
-  // Rank 0 writes; every rank must call. When rank 0's write fails (the
-  // CheckpointIO refuses storage_options, the disk is full), every rank
-  // throws: rank 0 its own exception, the others the same type
-  // (std::invalid_argument, else std::runtime_error) with rank 0's message.
-  void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
-                       const StorageOptions& storage_options = {}) override;
-  // On several ranks: gives a DataLoader a DistributedSampler for this rank;
-  // returns what it made before unchanged; throws std::invalid_argument for
-  // any other source (or a DeviceLoader over one), which each rank would use
-  // whole. With use_distributed_sampler off, returns every loader unchanged.
-  std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader) override;
-
- protected:
-  // Every parameter and buffer takes rank 0's value (flattened, one broadcast per dtype).
-  void sync_module_states();
-  // One all-reduce without the shape check (the trainer asks every few steps
-  // whether a rank received a stop signal).
-  int64_t count_true(bool decision) override;
-
-  std::vector<int64_t> parallel_devices_;
-  ParallelOptions options_;
-  std::shared_ptr<ClusterEnvironment> cluster_environment_;
-  std::unique_ptr<Launcher> launcher_;
-  std::shared_ptr<Collectives> collectives_;
-  bool launched_ = false;
-  int64_t rank_ = 0, local_rank_ = 0, node_rank_ = 0, world_size_ = 1;
-};
 
 class DDPStrategy : public ParallelStrategy {
  public:
@@ -120,24 +31,6 @@ class DDPStrategy : public ParallelStrategy {
   // The gradient sync component: DDP overlaps bucketed all-reduces with backward.
   virtual std::unique_ptr<detail::GradientSync> make_gradient_sync();
   std::unique_ptr<detail::GradientSync> gradient_sync_;
-};
-
-// Lightning's XLAStrategy: one process per xla device. Checkpoint IO and
-// precision must be the XLA ones (the defaults).
-class XLAStrategy : public DDPStrategy {
- public:
-  XLAStrategy(std::vector<int64_t> parallel_devices, std::shared_ptr<CheckpointIO> checkpoint_io = nullptr,
-              std::shared_ptr<Precision> precision = nullptr, ParallelOptions options = {});
-  // Throws before launch: "Accessing the XLA device before processes have spawned is not allowed."
-  c10::Device root_device() const override;
-  void mark_step() override;
-  std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader) override;
-  void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
-                       const StorageOptions& storage_options = {}) override;
-  void teardown() override;
-
- protected:
-  std::unique_ptr<detail::GradientSync> make_gradient_sync() override;
 };
 
 }  // namespace fulgur

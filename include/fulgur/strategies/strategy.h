@@ -6,11 +6,13 @@
 //    XLACheckpointIO and XLAPrecision in their constructors and refuse others);
 //  - the module it runs (connect), and from setup on the optimizers and
 //    schedulers its configure_optimizers returned (optimizer_config).
-// ParallelStrategy (ddp.h) also holds a ClusterEnvironment (given in its
-// ParallelOptions, or detected once by its constructor), its Launcher, made
-// by the constructor from what that environment says, and in each worker,
-// from setup_environment to teardown, the process group (collectives), formed
-// where the environment's rendezvous() says.
+// SingleDeviceStrategy (single_device.h) and SingleDeviceXLAStrategy
+// (single_xla.h) run in the calling process. ParallelStrategy (parallel.h)
+// also holds a ClusterEnvironment (given in its ParallelOptions, or detected
+// once by its constructor), its Launcher, made by the constructor from what
+// that environment says, and in each worker, from setup_environment to
+// teardown, the process group (collectives), formed where the environment's
+// rendezvous() says; DDPStrategy (ddp.h) and XLAStrategy (xla.h) derive from it.
 
 #include <fulgur/accelerators/accelerator.h>
 #include <fulgur/data/data_loader.h>
@@ -69,6 +71,8 @@ class Strategy {
 
   // --- Steps -------------------------------------------------------------------
   virtual void on_train_batch_start(const Batch& batch, int64_t batch_idx);
+  // When fit's loop has ended (after the module's and the callbacks' on_fit_end), on every rank.
+  virtual void on_train_end() {}
   // Each step: the precision's input conversion, in its ForwardContext (CPU
   // autocast for bf16-mixed). The evaluation steps also without gradient recording.
   virtual StepOutput training_step(const Batch& batch, int64_t batch_idx);
@@ -76,16 +80,15 @@ class Strategy {
   virtual StepOutput test_step(const Batch& batch, int64_t batch_idx);
   virtual at::Tensor predict_step(const Batch& batch, int64_t batch_idx);
   virtual void backward(const at::Tensor& loss);
-  // Runs closure; then (in the StepHooks this fills for precision().optimizer_step)
-  // a step mark on lazy devices, sync_gradients(), before_step (the trainer's:
-  // on_before_optimizer_step, clipping); the step; then on lazy devices the
-  // pending updates are applied and a step is marked.
+  // precision().optimizer_step over the connected module: the closure, then
+  // sync_gradients() and before_step (the trainer's on_before_optimizer_step
+  // and clipping; nullptr under manual optimization), then the update. What a
+  // device needs around it is the precision plugin's (XLAPrecision marks
+  // steps). Throws std::logic_error when no module is connected.
   virtual void optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
                               const std::function<void()>& before_step);
   // Whether the next backward's gradients are synced (false while accumulating).
   virtual void set_gradient_sync(bool /*enabled*/) {}
-  // Marks a step on lazy devices (no-op elsewhere).
-  virtual void mark_step() {}
   // Makes every rank's gradients the mean over ranks (no-op on one process).
   virtual void sync_gradients() {}
 
@@ -124,32 +127,6 @@ class Strategy {
   std::shared_ptr<Precision> precision_;
   LightningModule* model_ = nullptr;
   OptimizerConfig optimizer_config_;
-};
-
-// One process, one device.
-class SingleDeviceStrategy : public Strategy {
- public:
-  SingleDeviceStrategy(c10::Device device, std::shared_ptr<Accelerator> accelerator,
-                       std::shared_ptr<CheckpointIO> checkpoint_io = nullptr,
-                       std::shared_ptr<Precision> precision = nullptr);
-  c10::Device root_device() const override { return device_; }
-
- private:
-  c10::Device device_;
-};
-
-// One process on one xla device: steps are marked; checkpoints are written
-// from the CPU.
-class SingleDeviceXLAStrategy : public SingleDeviceStrategy {
- public:
-  explicit SingleDeviceXLAStrategy(std::shared_ptr<CheckpointIO> checkpoint_io = nullptr,
-                                   std::shared_ptr<Precision> precision = nullptr);
-  c10::Device root_device() const override;
-  void mark_step() override;
-  void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
-                       const StorageOptions& storage_options = {}) override;
-  std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader) override;
-  void teardown() override;
 };
 
 }  // namespace fulgur

@@ -17,7 +17,7 @@ namespace fulgur::xla {
 
 // Counters of the backend, cumulative over the life of the process (they
 // survive Backend::reset()). The eager backend reports zeros.
-struct Metrics {
+struct BackendMetrics {
   int64_t graphs_compiled = 0;  // graphs compiled (torch::lazy UncachedCompile)
   int64_t cache_hits = 0;       // graph executions found in the compile cache (CachedCompile)
   int64_t mark_steps = 0;       // calls of Backend::mark_step
@@ -53,7 +53,7 @@ class Backend {
   virtual void mark_step() = 0;
   // Drops cached graphs and device data.
   virtual void reset() {}
-  virtual Metrics metrics() const { return Metrics{}; }
+  virtual BackendMetrics metrics() const { return BackendMetrics{}; }
   // Readable text: the numbers of metrics(), plus backend details.
   virtual std::string metrics_report() const;
   // The inputs of the step about to be traced (the batch tensors). Only their
@@ -86,7 +86,7 @@ void apply_pending_updates(const std::vector<at::Tensor>& tensors);
 
 // These do not start the backend: before it starts, metrics() is all zeros,
 // metrics_report() says so and note_inputs() does nothing.
-Metrics metrics();
+BackendMetrics metrics();
 std::string metrics_report();
 void note_inputs(const std::vector<at::Tensor>& inputs);
 

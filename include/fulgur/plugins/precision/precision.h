@@ -25,18 +25,6 @@
 
 namespace fulgur {
 
-// The parts of an optimizer step around the update, filled by
-// Strategy::optimizer_step (the only caller of Precision::optimizer_step).
-struct StepHooks {
-  // After the closure: a step mark on lazy devices, the strategy's gradient
-  // sync across ranks, then the trainer's part (on_before_optimizer_step,
-  // gradient clipping), or nothing more under manual optimization.
-  std::function<void()> before_step;
-  // After the update: on lazy devices the pending updates are applied; then
-  // the strategy's mark_step() (a no-op except on the xla strategies).
-  std::function<void()> after_step;
-};
-
 class Precision {
  public:
   // "32-true", "bf16-true" or "bf16-mixed" (see validate_precision).
@@ -51,11 +39,19 @@ class Precision {
   virtual void convert_module(torch::nn::Module& module) const;
   // Converts floating-point inputs to dtype(); integer targets stay.
   virtual Batch convert_input(const Batch& batch) const;
-  // Runs closure (forward and backward), hooks.before_step, the update
-  // (one fused pass for Adam/AdamW on CPU float32 parameters, see
-  // src/optim/fused_adam.h, else optimizer.step()), hooks.after_step.
-  virtual void optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
-                              const StepHooks& hooks) const;
+  // Lightning's Precision.optimizer_step: runs closure (forward and
+  // backward), then before_step (what Strategy::optimizer_step puts between
+  // backward and the update: its gradient sync across ranks, then the
+  // trainer's on_before_optimizer_step and clipping), then update(optimizer).
+  // `module` is the one the optimizer trains. Strategy::optimizer_step is the
+  // caller; XLAPrecision (xla.h) adds a lazy device's step marks.
+  virtual void optimizer_step(torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
+                              const std::function<void()>& closure, const std::function<void()>& before_step) const;
+
+ protected:
+  // The update: one fused pass for Adam/AdamW on CPU float32 parameters
+  // (src/optim/fused_adam.h), else optimizer.step().
+  static void update(torch::optim::Optimizer& optimizer);
 
  private:
   std::string name_;
@@ -77,14 +73,6 @@ class ForwardContext {
   bool active_ = false;
   bool was_enabled_ = false;
   c10::ScalarType previous_dtype_ = c10::kBFloat16;
-};
-
-// The XLA precision plugin, which the xla strategies require. It behaves as
-// Precision: the step mark that follows the update comes from the strategy's
-// hooks.after_step, not from this class.
-class XLAPrecision : public Precision {
- public:
-  using Precision::Precision;
 };
 
 // The full name of `name` ("32" is "32-true", "bf16" is "bf16-mixed", as in

@@ -1,4 +1,4 @@
-#include <fulgur/xla/module_mover.h>
+#include <fulgur/module_mover.h>
 
 #include <torch/torch.h>
 
@@ -270,7 +270,7 @@ void move_module(torch::nn::Module& module, const c10::Device& device) {
           (stale.size() == 1 ? " is" : " are") +
           " still referenced after the move, most likely by a member the mover does not know. Register a hook "
           "with fulgur::register_module_mover that rebinds the module's tensor members (see "
-          "<fulgur/xla/module_mover.h>); build optimizers after the move, and do not keep outputs of an earlier "
+          "<fulgur/module_mover.h>); build optimizers after the move, and do not keep outputs of an earlier "
           "forward (their autograd graph holds the old tensors)");
     }
   }

@@ -65,12 +65,15 @@ Batch Precision::convert_input(const Batch& batch) const {
   return {convert(batch.data), convert(batch.target)};
 }
 
-void Precision::optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
-                               const StepHooks& hooks) const {
-  if (closure) closure();
-  if (hooks.before_step) hooks.before_step();
+void Precision::update(torch::optim::Optimizer& optimizer) {
   if (!detail::fused_optimizer_step(optimizer)) optimizer.step();
-  if (hooks.after_step) hooks.after_step();
+}
+
+void Precision::optimizer_step(torch::optim::Optimizer& optimizer, const torch::nn::Module& /*module*/,
+                               const std::function<void()>& closure, const std::function<void()>& before_step) const {
+  if (closure) closure();
+  if (before_step) before_step();
+  update(optimizer);
 }
 
 }  // namespace fulgur

@@ -1,0 +1,26 @@
+#pragma once
+// XLAPrecision: the precision plugin of the xla strategies (Lightning's
+// XLAPrecision), which they require. It holds what a lazy device needs around
+// an optimizer step, so that no strategy has to know the device.
+
+#include <fulgur/plugins/precision/precision.h>
+
+namespace fulgur {
+
+class XLAPrecision : public Precision {
+ public:
+  // "32-true" or "bf16-true"; the xla strategies refuse "bf16-mixed" (CPU
+  // autocast does not reach xla devices).
+  using Precision::Precision;
+  // Precision::optimizer_step with the step marks of a lazy device: after the
+  // closure a step is marked, so that forward and backward run as their own
+  // graph and the gradients exist on the device before before_step syncs them
+  // across ranks; after the update, the pending in-place updates of `module`'s
+  // parameters, gradients and buffers and of the optimizer's state tensors are
+  // applied (xla::apply_pending_updates), and a step is marked, which runs the
+  // update. REQUIRES: `module` and the optimizer's parameters on an xla device.
+  void optimizer_step(torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
+                      const std::function<void()>& closure, const std::function<void()>& before_step) const override;
+};
+
+}  // namespace fulgur
