@@ -1,6 +1,7 @@
 // TensorBoardLogger against TensorBoard itself (issue 14): its Python event
 // reader and a real server on loopback, both from .venv/tensorboard (made by
-// scripts/install-deps), read what the logger wrote.
+// scripts/install-deps), read what the logger wrote; PyYAML reads the
+// hparams.yaml that it and CSVLogger write.
 #include "support.h"
 
 #include "loggers/crc32c.h"
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -50,6 +52,13 @@ std::string python() {
   const std::string py = std::string(FULGUR_TENSORBOARD_VENV) + "/bin/python";
   EXPECT_TRUE(fs::exists(py)) << py << " is missing: scripts/install-deps makes it";
   return py;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 std::string script(const std::string& name) { return std::string(FULGUR_TEST_SCRIPTS) + "/" + name; }
@@ -200,6 +209,87 @@ TEST(TensorBoard, BesideACsvLoggerAFitLogsTheSameRowsInOneVersionFolder) {
               ElementsAre("hparam batch_size number_value 8.0", "hparam optim/lr number_value 0.1",
                           "hparam optim/name string_value sgd", "hparam shuffle bool_value True"));
   EXPECT_THAT(lines_starting(out, "metric_info"), ElementsAre("metric_info hp_metric"));
+  // hparams.yaml, as Lightning's two loggers write it in the version folder (both wrote this one).
+  EXPECT_EQ(read_file(run_dir + "/hparams.yaml"),
+            "batch_size: 8\n"
+            "optim:\n"
+            "  lr: 0.1\n"
+            "  name: sgd\n"
+            "shuffle: true\n"
+            "unset: null\n");
+}
+
+// hparams.yaml read back by PyYAML (Debian's python3-yaml): every kind of
+// value, and the strings and floats a careless writer would get wrong.
+TEST(HparamsYaml, PyYamlReadsBackWhatEitherLoggerWrites) {
+  auto nested = make_dict();
+  nested.insert("empty", make_dict());
+  nested.insert("depth", int64_t{2});
+  c10::impl::GenericList layers(c10::AnyType::get());
+  layers.push_back(int64_t{64});
+  layers.push_back(std::string("relu"));
+  auto block = make_dict();
+  block.insert("width", int64_t{32});
+  layers.push_back(block);
+  c10::impl::GenericList pair(c10::AnyType::get());
+  pair.push_back(0.5);
+  pair.push_back(false);
+  layers.push_back(pair);
+  auto h = make_dict();
+  h.insert("lr", 1e-5);  // "1e-05" is a string to PyYAML
+  h.insert("whole", 3.0);
+  h.insert("big", 1e300);
+  h.insert("negative", int64_t{-7});
+  h.insert("inf", std::numeric_limits<double>::infinity());
+  h.insert("word_yes", std::string("yes"));
+  h.insert("word_null", std::string("null"));
+  h.insert("digits", std::string("0123"));
+  h.insert("tricky", std::string("a: \"b\" # c\\d\n\te"));
+  h.insert("accent", std::string("caf\xc3\xa9"));
+  h.insert("empty_string", std::string());
+  h.insert("key with: colon", std::string("path/to-x.y_z"));
+  h.insert("nested", nested);
+  h.insert("layers", layers);
+  h.insert("none", c10::IValue());
+  h.insert("empty_list", c10::impl::GenericList(c10::AnyType::get()));
+  h.insert("tuple", c10::ivalue::Tuple::create({int64_t{1}, std::string("x")}));
+  const std::string expected =
+      "{\"accent\": \"caf\\u00e9\", \"big\": 1e+300, \"digits\": \"0123\", \"empty_list\": [], "
+      "\"empty_string\": \"\", \"inf\": Infinity, \"key with: colon\": \"path/to-x.y_z\", "
+      "\"layers\": [64, \"relu\", {\"width\": 32}, [0.5, false]], \"lr\": 1e-05, \"negative\": -7, "
+      "\"nested\": {\"depth\": 2, \"empty\": {}}, \"none\": null, "
+      "\"tricky\": \"a: \\\"b\\\" # c\\\\d\\n\\te\", \"tuple\": [1, \"x\"], \"whole\": 3.0, \"word_null\": \"null\", "
+      "\"word_yes\": \"yes\"}\n";
+  const std::string load =
+      std::string(FULGUR_SYSTEM_PYTHON) +
+      " -c 'import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1], encoding=\"utf-8\")), sort_keys=True))' ";
+  TempDir dir;
+  CSVLogger csv(dir.path, "csv");
+  csv.log_hyperparams(h);
+  EXPECT_EQ(run(load + csv.log_dir() + "/hparams.yaml", 60), expected) << read_file(csv.log_dir() + "/hparams.yaml");
+  TensorBoardLogger tb(dir.path, "tb");
+  tb.log_hyperparams(h);
+  EXPECT_EQ(run(load + tb.log_dir() + "/hparams.yaml", 60), expected) << read_file(tb.log_dir() + "/hparams.yaml");
+  // No hparams: an empty mapping.
+  CSVLogger none(dir.path, "none");
+  none.log_hyperparams(make_dict());
+  EXPECT_EQ(read_file(none.log_dir() + "/hparams.yaml"), "{}\n");
+}
+
+TEST(TensorBoard, PrefixGoesBeforeEveryMetricNameInBothLoggers) {
+  TempDir dir;
+  {
+    TensorBoardLogger tb(TensorBoardLoggerOptions(dir.path).name("tb").prefix("train").default_hp_metric(false));
+    tb.log_metrics({{"loss", 0.5}, {"epoch", 0.0}}, 2);
+    CSVLogger csv(CSVLoggerOptions(dir.path).name("csv").prefix("train"));
+    csv.log_metrics({{"loss", 0.5}, {"epoch", 0.0}}, 2);
+    csv.save();
+  }
+  const std::string out = run(python() + " " + script("read_events.py") + " " + dir.path + "/tb/version_0", 120);
+  EXPECT_THAT(scalars_in(out), ElementsAre(Pair("train-epoch", ElementsAre(Pair(2, 0.0))),
+                                           Pair("train-loss", ElementsAre(Pair(2, 0.5)))))
+      << out;
+  EXPECT_EQ(read_file(dir.path + "/csv/version_0/metrics.csv"), "train-epoch,train-loss,step\n0,0.5,2\n");
 }
 
 TEST(TensorBoard, ServerOnLoopbackServesTheScalars) {

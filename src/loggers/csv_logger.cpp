@@ -1,6 +1,8 @@
 #include <fulgur/loggers/csv_logger.h>
 
+#include "loggers/hparams_yaml.h"
 #include "loggers/next_version.h"
+#include "loggers/prefix.h"
 
 #include <filesystem>
 #include <fstream>
@@ -14,25 +16,6 @@ namespace fs = std::filesystem;
 
 namespace fulgur {
 namespace {
-
-std::string scalar_text(const c10::IValue& v) {
-  std::ostringstream os;
-  os << std::setprecision(std::numeric_limits<double>::max_digits10);
-  if (v.isString()) {
-    os << '"' << v.toStringRef() << '"';
-  } else if (v.isDouble()) {
-    os << v.toDouble();
-  } else if (v.isInt()) {
-    os << v.toInt();
-  } else if (v.isBool()) {
-    os << (v.toBool() ? "true" : "false");
-  } else if (v.isNone()) {
-    os << "null";
-  } else {
-    os << '"' << v.tagKind() << '"';
-  }
-  return os.str();
-}
 
 // The cells of one line of metrics.csv (metric names hold no commas, values are numbers).
 std::vector<std::string> split_cells(const std::string& line) {
@@ -80,20 +63,14 @@ std::string CSVLogger::log_dir() {
 }
 
 void CSVLogger::log_metrics(const std::map<std::string, double>& metrics, int64_t step) {
-  auto row = metrics;
+  auto row = detail::with_prefix(metrics, options_.prefix());
   row["step"] = static_cast<double>(step);
   rows_.push_back(std::move(row));
   if (step - written_step_ >= options_.flush_logs_every_n_steps()) save();
 }
 
 void CSVLogger::log_hyperparams(const c10::Dict<std::string, c10::IValue>& hparams) {
-  fs::create_directories(log_dir());
-  std::ofstream out(fs::path(log_dir()) / "hparams.yaml");
-  if (hparams.empty()) {
-    out << "{}\n";
-    return;
-  }
-  for (const auto& kv : hparams) out << kv.key() << ": " << scalar_text(kv.value()) << "\n";
+  detail::write_hparams_yaml(log_dir(), hparams);
 }
 
 void CSVLogger::save() {

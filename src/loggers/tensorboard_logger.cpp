@@ -1,7 +1,9 @@
 #include <fulgur/loggers/tensorboard_logger.h>
 
 #include "loggers/event_file.h"
+#include "loggers/hparams_yaml.h"
 #include "loggers/next_version.h"
+#include "loggers/prefix.h"
 #include "loggers/protobuf_writer.h"
 
 #include <filesystem>
@@ -36,7 +38,7 @@ void flatten(const std::string& prefix, const c10::impl::GenericDict& dict, std:
 void add_hparam(const std::string& name, const c10::IValue& v, std::vector<HParam>& out) {
   if (v.isNone()) return;
   if (v.isGenericDict()) return flatten(name + "/", v.toGenericDict(), out);
-  HParam p{name, kString};
+  HParam p{name, kString, 0.0, "", false};
   if (v.isBool()) {
     p.type = kBool;
     p.flag = v.toBool();
@@ -100,11 +102,13 @@ detail::EventFile& TensorBoardLogger::file() {
 
 void TensorBoardLogger::log_metrics(const std::map<std::string, double>& metrics, int64_t step) {
   std::vector<detail::SummaryValue> values;
-  for (const auto& [k, v] : metrics) values.push_back({k, static_cast<float>(v), "", ""});
+  for (const auto& [k, v] : detail::with_prefix(metrics, options_.prefix()))
+    values.push_back({k, static_cast<float>(v), "", ""});
   file().write_summary(step, values);
 }
 
 void TensorBoardLogger::log_hyperparams(const c10::Dict<std::string, c10::IValue>& hparams) {
+  detail::write_hparams_yaml(log_dir(), hparams);
   std::vector<HParam> params;
   for (const auto& kv : hparams) add_hparam(kv.key(), kv.value(), params);
 

@@ -23,6 +23,9 @@ struct CSVLoggerOptions {
   TORCH_ARG(std::string, name) = "lightning_logs";
   // A fixed N, or unset: the next free one in <root_dir>/<name>.
   TORCH_ARG(std::optional<int64_t>, version) = std::nullopt;
+  // Put before every metric name with a "-" ("train" makes "train-loss"), as
+  // Lightning's prefix; the step column keeps its name.
+  TORCH_ARG(std::string, prefix) = "";
   // Kept rows are written to metrics.csv when a row's step is n or more past
   // the last write (and at save()): a killed run loses at most the rows of its
   // last n steps. Smaller n: more writes. Must be >= 1.
@@ -42,6 +45,8 @@ class CSVLogger : public Logger {
   // Keeps the row; writes the kept rows when `step` is flush_logs_every_n_steps
   // or more past the last write.
   void log_metrics(const std::map<std::string, double>& metrics, int64_t step) override;
+  // Writes <log_dir>/hparams.yaml (replacing it): the hparams as a YAML
+  // mapping, nested dicts nested, that yaml.safe_load reads back.
   void log_hyperparams(const c10::Dict<std::string, c10::IValue>& hparams) override;
   // Appends the kept rows to metrics.csv (creating it with a header: columns
   // sorted, "step" last). An existing file, from this logger or an earlier

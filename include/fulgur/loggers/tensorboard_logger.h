@@ -2,7 +2,8 @@
 // TensorBoardLogger in Lightning's layout: TensorBoard event files in
 //   <root_dir>/<name>/version_<N>/events.out.tfevents.<time>.<host>.<pid>.<n>
 // which `tensorboard --logdir <root_dir>` shows (scalars, and the model's
-// hparams in the HParams tab). Needs no TensorBoard or protobuf library.
+// hparams in the HParams tab), and hparams.yaml beside them. Needs no
+// TensorBoard or protobuf library.
 //
 // Example (with a CSVLogger beside it):
 //   fulgur::Trainer trainer(fulgur::TrainerOptions().logger(
@@ -26,6 +27,9 @@ struct TensorBoardLoggerOptions {
   TORCH_ARG(std::string, name) = "lightning_logs";
   // A fixed N, or unset: the next free one in <root_dir>/<name>.
   TORCH_ARG(std::optional<int64_t>, version) = std::nullopt;
+  // Put before every metric's tag with a "-" ("train" makes "train-loss"), as
+  // Lightning's prefix.
+  TORCH_ARG(std::string, prefix) = "";
   // log_hyperparams also logs the scalar hp_metric = -1 at step 0 and names it
   // the hparams' metric, as Lightning does, so that the HParams tab lists the
   // run (log "hp_metric" yourself to give it a real value).
@@ -52,7 +56,8 @@ class TensorBoardLogger : public Logger {
   // metric hp_metric with default_hp_metric), the session start with the
   // values, the session end. Nested dicts are flattened with "/" ("optim/lr");
   // numbers become float64, strings and bools stay, None is left out, any other
-  // value is written as its text.
+  // value is written as its text. Also writes <log_dir>/hparams.yaml, as
+  // CSVLogger does (the dict unflattened), as Lightning's logger does.
   void log_hyperparams(const c10::Dict<std::string, c10::IValue>& hparams) override;
   // Nothing to do: every write is flushed.
   void save() override;
