@@ -2,11 +2,15 @@
 // emitted as StableHLO, compiled and run by the real XLA CPU plugin, give the CPU's losses and
 // parameters for the MLP, the MNIST CNN and MLP and the character model; XLA compiles stop after
 // warm-up and a batch-size change recompiles and warns; device data stays in PJRT buffers between
-// steps; two workers equal one with twice the batch; a graph with an op the emitter does not know
-// runs on TorchScript, counted and warned about once by name. Each test runs in its own process
+// steps; two workers equal one with twice the batch, and their gradient sync copies each gradient
+// once each way; workers forked after the parent used PJRT fail naming spawn, spawned ones train;
+// a graph with an op the emitter does not know runs on TorchScript, counted and warned about once
+// by name. Each test runs in its own process
 // (CTest), so the backend starts fresh from the environment each test sets.
 
 #include "support.h"
+
+#include "xla/pjrt_backend.h"
 
 #include <charlm/charlm_module.h>
 #include <mnist/mnist_module.h>
@@ -381,3 +385,88 @@ TEST(XlaPjrt, ACheckpointSavedFromPjrtDevicesResumesOntoThem) {
   for (size_t i = 0; i < joined.size(); ++i) EXPECT_NEAR(joined[i], full->losses[i], 1e-6) << "step " << i;
   EXPECT_TRUE(xla::metrics().xla_fallbacks.empty()) << xla::metrics_report();
 }
+
+namespace {
+
+// On each of 2 workers, between two batch ends (one gradient sync) after warm-up: each of the
+// two gradients (fc.weight [1, 8], fc.bias [1]: 9 floats, 36 bytes) went once out of its PJRT
+// buffer straight into the sync's bucket and once from the bucket into a new buffer, and the
+// bytes downloaded are those 36, less than a second copy (72). (The squared error is written out:
+// torch::mse_loss runs eagerly on lazy tensors, downloading its operands.)
+struct OneCopySync : fulgur::testing::TinyRegression {
+  StepOutput training_step(const Batch& b, int64_t) override {
+    auto d = forward(b.data) - b.target;
+    return (d * d).mean();
+  }
+  void on_train_batch_end(const StepOutput&, const Batch&, int64_t) override {
+    seen.push_back(xla::pjrt_backend_metrics());
+  }
+  void on_fit_end() override {
+    auto fail = [](const std::string& what) { throw std::runtime_error("in worker: " + what); };
+    if (seen.size() != 16) fail(std::to_string(seen.size()) + " batch ends, not 16");
+    for (size_t i = 5; i < seen.size(); ++i) {
+      const auto& a = seen[i - 1];
+      const auto& b = seen[i];
+      const std::string at = " between batch ends " + std::to_string(i - 1) + " and " + std::to_string(i);
+      if (b.one_copy_to_host - a.one_copy_to_host != 2)
+        fail(std::to_string(b.one_copy_to_host - a.one_copy_to_host) + " one-copy downloads" + at);
+      if (b.one_copy_to_device - a.one_copy_to_device != 2)
+        fail(std::to_string(b.one_copy_to_device - a.one_copy_to_device) + " one-copy uploads" + at);
+      const int64_t down = b.bytes_to_host - a.bytes_to_host;
+      if (down < 36 || down >= 72) fail(std::to_string(down) + " bytes downloaded" + at);
+    }
+  }
+  std::vector<xla::PjrtBackendMetrics> seen;
+};
+
+}  // namespace
+
+TEST(XlaPjrt, TwoWorkersSyncEachGradientWithOneCopyEachWay) {
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  TempDir dir;
+  torch::manual_seed(0);
+  OneCopySync net;
+  Trainer t(TrainerOptions().accelerator("xla").strategy("xla").devices(2).max_epochs(1).default_root_dir(dir.path)
+                .enable_progress_bar(false).enable_checkpointing(false).enable_model_summary(false)
+                .num_sanity_val_steps(0).collective_timeout_ms(20000));
+  t.fit(net, std::make_shared<DataLoader>(regression_data(128), DataLoaderOptions(4)));
+  EXPECT_EQ(t.global_step(), 16);
+}
+
+namespace {
+
+// A one-device fit on xla in this process (its PJRT client starts here), then a fit on 2 workers
+// started by `start_method`.
+void one_device_then_two_workers(const std::string& start_method) {
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  TempDir dir;
+  auto options = [&](const std::string& strategy, int devices) {
+    return TrainerOptions().accelerator("xla").strategy(strategy).devices(devices).max_epochs(1)
+        .default_root_dir(dir.path).enable_progress_bar(false).enable_checkpointing(false)
+        .enable_model_summary(false).num_sanity_val_steps(0).collective_timeout_ms(20000);
+  };
+  torch::manual_seed(0);
+  fulgur::testing::TinyRegression one;
+  Trainer t1(options("single_xla", 1));
+  t1.fit(one, std::make_shared<DataLoader>(regression_data(32), DataLoaderOptions(8)));
+  ASSERT_GT(xla::metrics().xla_executions, 0);
+  torch::manual_seed(0);
+  CheckedOnPjrt two;
+  Trainer t2(options("xla", 2).start_method(start_method));
+  t2.fit(two, std::make_shared<DataLoader>(regression_data(32), DataLoaderOptions(4)));
+  EXPECT_EQ(t2.global_step(), 4);
+}
+
+}  // namespace
+
+TEST(XlaPjrt, ForkedWorkersAfterTheParentUsedPjrtFailNamingSpawn) {
+  try {
+    one_device_then_two_workers("fork");
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("forked from pid"));
+    EXPECT_THAT(e.what(), HasSubstr("start_method(\"spawn\")"));
+  }
+}
+
+TEST(XlaPjrt, SpawnedWorkersAfterTheParentUsedPjrtTrain) { one_device_then_two_workers("spawn"); }

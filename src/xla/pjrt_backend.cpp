@@ -400,6 +400,8 @@ bool copy_device_value_to_host(const at::Tensor& tensor, const at::Tensor& dst) 
                                 p->shape().to_string());
   p->buffer()->to_host(dst.data_ptr(), dst.nbytes());
   count_bytes(0, static_cast<int64_t>(dst.nbytes()));
+  std::lock_guard<std::mutex> lock(metrics_mu);
+  ++metrics_.one_copy_to_host;
   return true;
 }
 
@@ -407,6 +409,10 @@ at::Tensor device_tensor_from_host(const at::Tensor& host, const c10::Device& de
   const lazy::BackendDevice bd = lazy::atenDeviceToBackendDevice(device);
   const at::Tensor c = host.contiguous();
   auto data = std::make_shared<PjrtData>(upload(c), shape_of(c), bd);
+  {
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    ++metrics_.one_copy_to_device;
+  }
   return at::functionalization::impl::to_functional_tensor(lazy::CreateAtenFromLtcTensor(lazy::LazyTensor::Create(data)));
 }
 
