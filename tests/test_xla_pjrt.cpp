@@ -4,8 +4,8 @@
 // warm-up and a batch-size change recompiles and warns; device data stays in PJRT buffers between
 // steps; two workers equal one with twice the batch, and their gradient sync copies each gradient
 // once each way; workers forked after the parent used PJRT fail naming spawn, spawned ones train;
-// a graph with an op the emitter does not know runs on TorchScript, counted and warned about once
-// by name. Each test runs in its own process
+// a lazy-to-lazy copy reaches the PJRT buffer; a graph with an op the emitter does not know runs
+// on TorchScript, counted and warned about once by name. Each test runs in its own process
 // (CTest), so the backend starts fresh from the environment each test sets.
 
 #include "support.h"
@@ -22,6 +22,8 @@
 
 #include <cstdlib>
 #include <regex>
+#include <ATen/FunctionalTensorWrapper.h>
+#include <torch/csrc/lazy/core/metrics.h>
 
 using namespace fulgur;
 using fulgur::testing::regression_data;
@@ -470,3 +472,91 @@ TEST(XlaPjrt, ForkedWorkersAfterTheParentUsedPjrtFailNamingSpawn) {
 }
 
 TEST(XlaPjrt, SpawnedWorkersAfterTheParentUsedPjrtTrain) { one_device_then_two_workers("spawn"); }
+
+TEST(XlaPjrt, ALazyToLazyCopyReachesTheDeviceBuffer) {
+  // dst comes from a CPU tensor and has been read by a graph, so it holds both its host tensor
+  // and a PJRT buffer and no pending graph; dst.copy_(src) with src on xla (libtorch's
+  // _copy_from, lazy to lazy). A graph that reads dst afterwards must see src's values.
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  const c10::Device dev = xla::backend().device();
+  const at::Tensor host = at::arange(6, at::kFloat).view({2, 3});
+  at::Tensor dst = host.to(dev);
+  EXPECT_TRUE(torch::equal((dst * 2).cpu(), host * 2));  // a graph took dst's buffer
+  xla::mark_step();
+  const at::Tensor src_values = at::full({2, 3}, 7.0f);
+  at::Tensor src = src_values.to(dev);
+  dst.copy_(src);
+  EXPECT_TRUE(torch::equal(dst.cpu(), src_values)) << dst.cpu();
+  EXPECT_TRUE(torch::equal((dst * 2).cpu(), src_values * 2)) << (dst * 2).cpu();
+  // The same with src the result of a graph (device data only, no host tensor).
+  at::Tensor src2 = (src + 1);
+  xla::mark_step();
+  dst.copy_(src2);
+  EXPECT_TRUE(torch::equal((dst * 2).cpu(), (src_values + 1) * 2)) << (dst * 2).cpu();
+}
+
+TEST(XlaPjrt, ALazyToLazyCopyIntoAGraphResultTheHostReadReachesTheDeviceBuffer) {
+  // dst is a graph's result (a PJRT buffer), then copied into a CPU tensor (libtorch's
+  // _copy_from keeps the downloaded value as dst's host tensor beside its buffer), then
+  // dst.copy_(src) with src on xla. A graph that reads dst afterwards must see src's values.
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  const c10::Device dev = xla::backend().device();
+  const at::Tensor host = at::arange(6, at::kFloat).view({2, 3});
+  at::Tensor dst = host.to(dev) + 1;
+  xla::mark_step();
+  EXPECT_TRUE(torch::equal(dst.cpu(), host + 1));
+  const at::Tensor src_values = at::full({2, 3}, 7.0f);
+  at::Tensor src = src_values.to(dev) * 1;
+  xla::mark_step();
+  dst.copy_(src);
+  EXPECT_TRUE(torch::equal((dst * 2).cpu(), src_values * 2)) << (dst * 2).cpu();
+  EXPECT_TRUE(torch::equal(dst.cpu(), src_values)) << dst.cpu();
+}
+
+namespace {
+
+// The lazy tensor under functionalization's wrapper: copies between such tensors run libtorch's
+// own _copy_from (LazyNativeFunctions::_copy_from) instead of being traced as a graph's copy.
+at::Tensor unwrapped(const at::Tensor& t) { return at::functionalization::impl::from_functional_tensor(t); }
+
+int64_t copy_from_count() {
+  const auto* c = torch::lazy::GetCounter("lazy::_copy_from");
+  return c ? c->Value() : 0;
+}
+
+}  // namespace
+
+TEST(XlaPjrt, LibtorchsLazyToLazyCopyFromReachesTheDeviceBuffer) {
+  // _copy_from's lazy-to-lazy branch writes dst's host tensor when dst has no pending graph.
+  // (a) dst fresh from the host (a host tensor, no buffer yet); (b) dst a graph's result whose
+  // value the host read with a copy into a CPU tensor (_copy_from keeps the downloaded value as
+  // dst's host tensor beside its PJRT buffer). A graph reading dst afterwards must see src.
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  const c10::Device dev = xla::backend().device();
+  const at::Tensor host = at::arange(6, at::kFloat).view({2, 3});
+  const at::Tensor src_values = at::full({2, 3}, 7.0f);
+  at::Tensor src = unwrapped(src_values.to(dev));
+
+  at::Tensor fresh = unwrapped(host.to(dev));
+  const int64_t copies = copy_from_count();
+  fresh.copy_(src);
+  EXPECT_EQ(copy_from_count(), copies + 1);
+  EXPECT_TRUE(torch::equal((fresh * 2).cpu(), src_values * 2)) << (fresh * 2).cpu();
+
+  at::Tensor result = unwrapped(host.to(dev) + 1);
+  xla::mark_step();
+  at::Tensor seen = at::empty({2, 3});
+  seen.copy_(result);
+  ASSERT_TRUE(torch::equal(seen, host + 1));
+  result.copy_(src);
+  EXPECT_EQ(copy_from_count(), copies + 3);
+  EXPECT_TRUE(torch::equal(result.cpu(), src_values)) << result.cpu();
+  EXPECT_TRUE(torch::equal((result * 2).cpu(), src_values * 2)) << (result * 2).cpu();
+
+  // Into another dtype, and broadcast from a row.
+  at::Tensor wide = unwrapped(at::zeros({2, 3}, at::kDouble).to(dev));
+  wide.copy_(src);
+  EXPECT_TRUE(torch::equal((wide * 2).cpu(), src_values.to(at::kDouble) * 2)) << (wide * 2).cpu();
+  result.copy_(unwrapped(at::arange(3, at::kFloat).to(dev)));
+  EXPECT_TRUE(torch::equal((result * 2).cpu(), at::arange(3, at::kFloat).expand({2, 3}) * 2)) << (result * 2).cpu();
+}
