@@ -2,11 +2,15 @@
 // emitted as StableHLO, compiled and run by the real XLA CPU plugin, give the CPU's losses and
 // parameters for the MLP, the MNIST CNN and MLP and the character model; XLA compiles stop after
 // warm-up and a batch-size change recompiles and warns; device data stays in PJRT buffers between
-// steps; two workers equal one with twice the batch; a graph with an op the emitter does not know
-// runs on TorchScript, counted and warned about once by name. Each test runs in its own process
+// steps; two workers equal one with twice the batch, and their gradient sync copies each gradient
+// once each way; workers forked after the parent used PJRT fail naming spawn, spawned ones train;
+// a lazy-to-lazy copy reaches the PJRT buffer; a graph with an op the emitter does not know runs
+// on TorchScript, counted and warned about once by name. Each test runs in its own process
 // (CTest), so the backend starts fresh from the environment each test sets.
 
 #include "support.h"
+
+#include "xla/pjrt_backend.h"
 
 #include <charlm/charlm_module.h>
 #include <mnist/mnist_module.h>
@@ -18,6 +22,8 @@
 
 #include <cstdlib>
 #include <regex>
+#include <ATen/FunctionalTensorWrapper.h>
+#include <torch/csrc/lazy/core/metrics.h>
 
 using namespace fulgur;
 using fulgur::testing::regression_data;
@@ -380,4 +386,177 @@ TEST(XlaPjrt, ACheckpointSavedFromPjrtDevicesResumesOntoThem) {
   ASSERT_EQ(joined.size(), full->losses.size());
   for (size_t i = 0; i < joined.size(); ++i) EXPECT_NEAR(joined[i], full->losses[i], 1e-6) << "step " << i;
   EXPECT_TRUE(xla::metrics().xla_fallbacks.empty()) << xla::metrics_report();
+}
+
+namespace {
+
+// On each of 2 workers, between two batch ends (one gradient sync) after warm-up: each of the
+// two gradients (fc.weight [1, 8], fc.bias [1]: 9 floats, 36 bytes) went once out of its PJRT
+// buffer straight into the sync's bucket and once from the bucket into a new buffer, and the
+// bytes downloaded are those 36, less than a second copy (72). (The squared error is written out:
+// torch::mse_loss runs eagerly on lazy tensors, downloading its operands.)
+struct OneCopySync : fulgur::testing::TinyRegression {
+  StepOutput training_step(const Batch& b, int64_t) override {
+    auto d = forward(b.data) - b.target;
+    return (d * d).mean();
+  }
+  void on_train_batch_end(const StepOutput&, const Batch&, int64_t) override {
+    seen.push_back(xla::pjrt_backend_metrics());
+  }
+  void on_fit_end() override {
+    auto fail = [](const std::string& what) { throw std::runtime_error("in worker: " + what); };
+    if (seen.size() != 16) fail(std::to_string(seen.size()) + " batch ends, not 16");
+    for (size_t i = 5; i < seen.size(); ++i) {
+      const auto& a = seen[i - 1];
+      const auto& b = seen[i];
+      const std::string at = " between batch ends " + std::to_string(i - 1) + " and " + std::to_string(i);
+      if (b.one_copy_to_host - a.one_copy_to_host != 2)
+        fail(std::to_string(b.one_copy_to_host - a.one_copy_to_host) + " one-copy downloads" + at);
+      if (b.one_copy_to_device - a.one_copy_to_device != 2)
+        fail(std::to_string(b.one_copy_to_device - a.one_copy_to_device) + " one-copy uploads" + at);
+      const int64_t down = b.bytes_to_host - a.bytes_to_host;
+      if (down < 36 || down >= 72) fail(std::to_string(down) + " bytes downloaded" + at);
+    }
+  }
+  std::vector<xla::PjrtBackendMetrics> seen;
+};
+
+}  // namespace
+
+TEST(XlaPjrt, TwoWorkersSyncEachGradientWithOneCopyEachWay) {
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  TempDir dir;
+  torch::manual_seed(0);
+  OneCopySync net;
+  Trainer t(TrainerOptions().accelerator("xla").strategy("xla").devices(2).max_epochs(1).default_root_dir(dir.path)
+                .enable_progress_bar(false).enable_checkpointing(false).enable_model_summary(false)
+                .num_sanity_val_steps(0).collective_timeout_ms(20000));
+  t.fit(net, std::make_shared<DataLoader>(regression_data(128), DataLoaderOptions(4)));
+  EXPECT_EQ(t.global_step(), 16);
+}
+
+namespace {
+
+// A one-device fit on xla in this process (its PJRT client starts here), then a fit on 2 workers
+// started by `start_method`.
+void one_device_then_two_workers(const std::string& start_method) {
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  TempDir dir;
+  auto options = [&](const std::string& strategy, int devices) {
+    return TrainerOptions().accelerator("xla").strategy(strategy).devices(devices).max_epochs(1)
+        .default_root_dir(dir.path).enable_progress_bar(false).enable_checkpointing(false)
+        .enable_model_summary(false).num_sanity_val_steps(0).collective_timeout_ms(20000);
+  };
+  torch::manual_seed(0);
+  fulgur::testing::TinyRegression one;
+  Trainer t1(options("single_xla", 1));
+  t1.fit(one, std::make_shared<DataLoader>(regression_data(32), DataLoaderOptions(8)));
+  ASSERT_GT(xla::metrics().xla_executions, 0);
+  torch::manual_seed(0);
+  CheckedOnPjrt two;
+  Trainer t2(options("xla", 2).start_method(start_method));
+  t2.fit(two, std::make_shared<DataLoader>(regression_data(32), DataLoaderOptions(4)));
+  EXPECT_EQ(t2.global_step(), 4);
+}
+
+}  // namespace
+
+TEST(XlaPjrt, ForkedWorkersAfterTheParentUsedPjrtFailNamingSpawn) {
+  try {
+    one_device_then_two_workers("fork");
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("forked from pid"));
+    EXPECT_THAT(e.what(), HasSubstr("start_method(\"spawn\")"));
+  }
+}
+
+TEST(XlaPjrt, SpawnedWorkersAfterTheParentUsedPjrtTrain) { one_device_then_two_workers("spawn"); }
+
+TEST(XlaPjrt, ALazyToLazyCopyReachesTheDeviceBuffer) {
+  // dst comes from a CPU tensor and has been read by a graph, so it holds both its host tensor
+  // and a PJRT buffer and no pending graph; dst.copy_(src) with src on xla (libtorch's
+  // _copy_from, lazy to lazy). A graph that reads dst afterwards must see src's values.
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  const c10::Device dev = xla::backend().device();
+  const at::Tensor host = at::arange(6, at::kFloat).view({2, 3});
+  at::Tensor dst = host.to(dev);
+  EXPECT_TRUE(torch::equal((dst * 2).cpu(), host * 2));  // a graph took dst's buffer
+  xla::mark_step();
+  const at::Tensor src_values = at::full({2, 3}, 7.0f);
+  at::Tensor src = src_values.to(dev);
+  dst.copy_(src);
+  EXPECT_TRUE(torch::equal(dst.cpu(), src_values)) << dst.cpu();
+  EXPECT_TRUE(torch::equal((dst * 2).cpu(), src_values * 2)) << (dst * 2).cpu();
+  // The same with src the result of a graph (device data only, no host tensor).
+  at::Tensor src2 = (src + 1);
+  xla::mark_step();
+  dst.copy_(src2);
+  EXPECT_TRUE(torch::equal((dst * 2).cpu(), (src_values + 1) * 2)) << (dst * 2).cpu();
+}
+
+TEST(XlaPjrt, ALazyToLazyCopyIntoAGraphResultTheHostReadReachesTheDeviceBuffer) {
+  // dst is a graph's result (a PJRT buffer), then copied into a CPU tensor (libtorch's
+  // _copy_from keeps the downloaded value as dst's host tensor beside its buffer), then
+  // dst.copy_(src) with src on xla. A graph that reads dst afterwards must see src's values.
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  const c10::Device dev = xla::backend().device();
+  const at::Tensor host = at::arange(6, at::kFloat).view({2, 3});
+  at::Tensor dst = host.to(dev) + 1;
+  xla::mark_step();
+  EXPECT_TRUE(torch::equal(dst.cpu(), host + 1));
+  const at::Tensor src_values = at::full({2, 3}, 7.0f);
+  at::Tensor src = src_values.to(dev) * 1;
+  xla::mark_step();
+  dst.copy_(src);
+  EXPECT_TRUE(torch::equal((dst * 2).cpu(), src_values * 2)) << (dst * 2).cpu();
+  EXPECT_TRUE(torch::equal(dst.cpu(), src_values)) << dst.cpu();
+}
+
+namespace {
+
+// The lazy tensor under functionalization's wrapper: copies between such tensors run libtorch's
+// own _copy_from (LazyNativeFunctions::_copy_from) instead of being traced as a graph's copy.
+at::Tensor unwrapped(const at::Tensor& t) { return at::functionalization::impl::from_functional_tensor(t); }
+
+int64_t copy_from_count() {
+  const auto* c = torch::lazy::GetCounter("lazy::_copy_from");
+  return c ? c->Value() : 0;
+}
+
+}  // namespace
+
+TEST(XlaPjrt, LibtorchsLazyToLazyCopyFromReachesTheDeviceBuffer) {
+  // _copy_from's lazy-to-lazy branch writes dst's host tensor when dst has no pending graph.
+  // (a) dst fresh from the host (a host tensor, no buffer yet); (b) dst a graph's result whose
+  // value the host read with a copy into a CPU tensor (_copy_from keeps the downloaded value as
+  // dst's host tensor beside its PJRT buffer). A graph reading dst afterwards must see src.
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  const c10::Device dev = xla::backend().device();
+  const at::Tensor host = at::arange(6, at::kFloat).view({2, 3});
+  const at::Tensor src_values = at::full({2, 3}, 7.0f);
+  at::Tensor src = unwrapped(src_values.to(dev));
+
+  at::Tensor fresh = unwrapped(host.to(dev));
+  const int64_t copies = copy_from_count();
+  fresh.copy_(src);
+  EXPECT_EQ(copy_from_count(), copies + 1);
+  EXPECT_TRUE(torch::equal((fresh * 2).cpu(), src_values * 2)) << (fresh * 2).cpu();
+
+  at::Tensor result = unwrapped(host.to(dev) + 1);
+  xla::mark_step();
+  at::Tensor seen = at::empty({2, 3});
+  seen.copy_(result);
+  ASSERT_TRUE(torch::equal(seen, host + 1));
+  result.copy_(src);
+  EXPECT_EQ(copy_from_count(), copies + 3);
+  EXPECT_TRUE(torch::equal(result.cpu(), src_values)) << result.cpu();
+  EXPECT_TRUE(torch::equal((result * 2).cpu(), src_values * 2)) << (result * 2).cpu();
+
+  // Into another dtype, and broadcast from a row.
+  at::Tensor wide = unwrapped(at::zeros({2, 3}, at::kDouble).to(dev));
+  wide.copy_(src);
+  EXPECT_TRUE(torch::equal((wide * 2).cpu(), src_values.to(at::kDouble) * 2)) << (wide * 2).cpu();
+  result.copy_(unwrapped(at::arange(3, at::kFloat).to(dev)));
+  EXPECT_TRUE(torch::equal((result * 2).cpu(), at::arange(3, at::kFloat).expand({2, 3}) * 2)) << (result * 2).cpu();
 }

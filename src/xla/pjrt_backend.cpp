@@ -8,10 +8,14 @@
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/lazy/backend/backend_interface.h>
 #include <torch/csrc/lazy/core/ir.h>
+#include <torch/csrc/lazy/core/ir_builder.h>
+#include <torch/csrc/lazy/core/metrics.h>
 #include <torch/csrc/lazy/core/tensor.h>
+#include <torch/csrc/lazy/core/tensor_impl.h>
 #include <torch/csrc/lazy/core/tensor_util.h>
 #include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
 #include <torch/csrc/lazy/ts_backend/ts_lowering_context.h>
+#include <torch/library.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -372,6 +376,39 @@ lazy::LazyTensorPtr lazy_tensor_of(const at::Tensor& t) {
   return lazy::TryGetLtcTensor(lazy::maybe_unwrap_functional(t));
 }
 
+// aten::_copy_from on lazy tensors, replacing libtorch's (LazyNativeFunctions::_copy_from), which
+// assumes device data is host memory: copying a lazy tensor to the host keeps the downloaded
+// value as the source's host tensor beside its device data, and a lazy-to-lazy copy into a tensor
+// with no pending graph writes that host tensor only, so graphs went on reading the old PJRT
+// buffer. Here the host copy is not kept, and a lazy-to-lazy copy becomes dst's graph value (as
+// functionalization traces a copy_), so the next graph or read computes it. Tensors under
+// functionalization's wrapper (every tensor the trainer moves) do not reach this kernel.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  TORCH_LAZY_COUNTER("lazy::_copy_from", 1);  // libtorch's kernel's counter
+  lazy::LazyTensorPtr to = lazy::TryGetLtcTensor(dst);
+  lazy::LazyTensorPtr from = lazy::TryGetLtcTensor(self);
+  if (!from) {
+    to->UpdateFromTensor(self, /*sync=*/true);
+  } else if (!to) {
+    const at::Tensor value = from->ToTensor(/*detached=*/true);
+    dst.resize_as_(value).copy_(value);
+  } else {
+    lazy::Value v = from->GetIrValue();
+    if (from->dtype() != to->dtype()) v = lazy::MakeCast(v, to->dtype(), from->dtype());
+    if (from->shape().Get().sizes() != to->shape().Get().sizes())
+      v = lazy::MakeExpand(v, to->shape().Get().sizes().vec(), /*is_scalar_expand=*/false);
+    to->SetIrValue(v);
+    static_cast<lazy::LTCTensorImpl*>(dst.unsafeGetTensorImpl())->set_tensor(to);
+  }
+  return dst;
+}
+
+// Drops the dispatcher's warning that a kernel replaces libtorch's (the replacement is meant).
+class QuietWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::SourceLocation&, const std::string&, const bool) override {}
+};
+
 }  // namespace
 
 void install_pjrt_lazy_backend() {
@@ -380,6 +417,10 @@ void install_pjrt_lazy_backend() {
     lazy::InitTorchScriptBackend();
     static PjrtBackendImpl impl;
     static lazy::BackendRegistrar registrar(&impl);  // the last registrar wins
+    QuietWarnings quiet;
+    c10::Warning::WarningHandlerGuard guard(&quiet);
+    static torch::Library lazy_kernels(torch::Library::IMPL, "aten", c10::DispatchKey::Lazy, __FILE__, __LINE__);
+    lazy_kernels.impl("_copy_from", TORCH_FN(copy_from));
   });
 }
 
@@ -400,6 +441,8 @@ bool copy_device_value_to_host(const at::Tensor& tensor, const at::Tensor& dst) 
                                 p->shape().to_string());
   p->buffer()->to_host(dst.data_ptr(), dst.nbytes());
   count_bytes(0, static_cast<int64_t>(dst.nbytes()));
+  std::lock_guard<std::mutex> lock(metrics_mu);
+  ++metrics_.one_copy_to_host;
   return true;
 }
 
@@ -407,6 +450,10 @@ at::Tensor device_tensor_from_host(const at::Tensor& host, const c10::Device& de
   const lazy::BackendDevice bd = lazy::atenDeviceToBackendDevice(device);
   const at::Tensor c = host.contiguous();
   auto data = std::make_shared<PjrtData>(upload(c), shape_of(c), bd);
+  {
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    ++metrics_.one_copy_to_device;
+  }
   return at::functionalization::impl::to_functional_tensor(lazy::CreateAtenFromLtcTensor(lazy::LazyTensor::Create(data)));
 }
 

@@ -26,6 +26,10 @@ struct PjrtBackendMetrics {
   int64_t bytes_to_host = 0;     // device -> host: values the host read
   int64_t graphs_fallen_back = 0;    // graphs kept on TorchScript (counted when compiled)
   int64_t fallback_executions = 0;  // runs of those graphs
+  // Values moved in one copy between a PJRT buffer and a caller's host tensor (the gradient
+  // sync): copy_device_value_to_host calls that copied, device_tensor_from_host calls.
+  int64_t one_copy_to_host = 0;
+  int64_t one_copy_to_device = 0;
   // Per op kind (or reason) that kept a graph on TorchScript: the number of such graphs compiled
   // (a graph the lazy core's cache holds is counted once, however often it runs).
   std::map<std::string, int64_t> fallbacks;

@@ -340,7 +340,7 @@ Client& process_client() {
     throw std::logic_error("PJRT: this process (pid " + std::to_string(::getpid()) + ") was forked from pid " +
                            std::to_string(creator) + ", which had already started its PJRT client (" +
                            client->plugin().path() + "); the plugin's threads do not survive fork, so the client "
-                           "cannot be used here. Start the workers with start_method \"spawn\", or launch them "
+                           "cannot be used here. Start the workers with TrainerOptions().start_method(\"spawn\"), or launch them "
                            "before the launching process uses an xla device");
   return *client;
 }
