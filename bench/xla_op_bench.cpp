@@ -9,7 +9,7 @@
 #include "mnist/mnist_module.h"
 
 #include <fulgur/xla/backend.h>
-#include <fulgur/xla/module_mover.h>
+#include <fulgur/module_mover.h>
 
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
