@@ -29,6 +29,8 @@ std::vector<std::string> names_from_fulgur_h() {
   if (writer.write_interval() == "epoch") seen.push_back("BasePredictionWriter");
   XLAPrecision xla_precision("bf16-true");
   if (xla_precision.dtype() == c10::kBFloat16) seen.push_back("XLAPrecision");
+  ModelSummary summary;
+  if (summary.state_key() == "ModelSummary") seen.push_back("ModelSummary");
   return seen;
 }
 

@@ -1,12 +1,16 @@
 #pragma once
 // Everything a user program needs: the Trainer, modules, data, callbacks,
-// loggers, every strategy, the registry, collectives and the device
-// loader. The example data sets are separate: <fulgur/data/mnist.h>
+// loggers, every strategy, the registry, the accelerators and plugins
+// (precision, checkpoint IO, cluster environments), collectives and the
+// device loader. The example data sets are separate: <fulgur/data/mnist.h>
 // (load_mnist) and <fulgur/data/text.h> (CharDataset).
 
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/callbacks/callback.h>
 #include <fulgur/callbacks/early_stopping.h>
 #include <fulgur/callbacks/lr_monitor.h>
 #include <fulgur/callbacks/model_checkpoint.h>
+#include <fulgur/callbacks/model_summary.h>
 #include <fulgur/callbacks/prediction_writer.h>
 #include <fulgur/callbacks/progress_bar.h>
 #include <fulgur/checkpoint.h>
@@ -14,11 +18,17 @@
 #include <fulgur/data/device_loader.h>
 #include <fulgur/data_module.h>
 #include <fulgur/distributed/collectives.h>
+#include <fulgur/launchers/launcher.h>
 #include <fulgur/lightning_module.h>
 #include <fulgur/loggers/csv_logger.h>
+#include <fulgur/loggers/logger.h>
 #include <fulgur/loggers/tensorboard_logger.h>
 #include <fulgur/module_mover.h>
+#include <fulgur/plugins/environments/cluster_environment.h>
+#include <fulgur/plugins/io/checkpoint_io.h>
+#include <fulgur/plugins/precision/precision.h>
 #include <fulgur/plugins/precision/xla.h>
+#include <fulgur/serialization_error.h>
 #include <fulgur/strategies/ddp.h>
 #include <fulgur/strategies/parallel.h>
 #include <fulgur/strategies/registry.h>

@@ -3,18 +3,25 @@
 // how a value is logged, and the training stage.
 
 #include <ATen/core/Tensor.h>
-#include <torch/data/example.h>
 
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace fulgur {
 
 // A batch: inputs in `data`, labels (or next tokens) in `target`.
-// Both tensors have the batch as their first dimension.
-using Batch = torch::data::Example<at::Tensor, at::Tensor>;
+// Both tensors have the batch as their first dimension. (A struct of its own:
+// torch::data::Example, the same two fields, brings all of ATen's operators
+// into every file that includes this header.)
+struct Batch {
+  Batch() = default;
+  Batch(at::Tensor data, at::Tensor target) : data(std::move(data)), target(std::move(target)) {}
+  at::Tensor data;
+  at::Tensor target;
+};
 
 // What a *_step returns: nothing, a loss tensor, or a dict that holds "loss"
 // (and anything else the user wants to pass to the *_batch_end hooks).
