@@ -90,6 +90,10 @@ class Runner:
         self.n = 0
         cores = len(os.sched_getaffinity(0))
         self.cores = cores
+        self.spent = {}  # what the run's wall time went to: "<program>" -> seconds
+
+    def account(self, what, seconds):
+        self.spent[what] = self.spent.get(what, 0.0) + seconds
 
     def env(self, nproc, threads):
         # Both sides get the thread environment fulgur's launcher gives its
@@ -129,7 +133,12 @@ class Runner:
         return res
 
     def call(self, cmd, env):
+        t = time.time()
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
+        what = os.path.basename(cmd[1] if cmd[0].endswith(("python", "python3")) else cmd[0])
+        if "GLIBC_TUNABLES" in env and env["GLIBC_TUNABLES"] == SAME_MALLOC:
+            what += SM
+        self.account(what, time.time() - t)
         if proc.returncode != 0:
             raise SystemExit(f"run.py: {' '.join(cmd)}\nexited with {proc.returncode}:\n{proc.stdout[-4000:]}")
 
@@ -174,10 +183,12 @@ class Runner:
                 [self.args.bin, "--accelerator", "cpu", "--devices", "1", "--model", model, "--warmup", str(warmup),
                  "--steps", str(steps), "--data-dir", self.args.data_dir, "--init-dir", self.work, "--out", out,
                  "--threads", "1"], env=self.env(1, 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        t = time.time()
         for p in procs:
             text, _ = p.communicate(timeout=1800)
             if p.returncode != 0:
                 raise SystemExit(f"run.py: an independent fulgur run exited with {p.returncode}:\n{text[-4000:]}")
+        self.account("fulgur_bench (2 independent)", time.time() - t)
         return [self.load(f"{out}_{model}", 1)[0]["samples_per_s"] for out in outs]
 
     def run(self, side, model, nproc, warmup, steps, threads=0, extra=()):
@@ -438,12 +449,19 @@ def main():
     runner = Runner(args, work)
     runner.init(models)
     t_start = time.time()
+    phases = {}  # phase -> wall seconds
+
+    def phase_done(name, since):
+        phases[name] = phases.get(name, 0.0) + time.time() - since
+        return time.time()
+
     print(f"machine: {runner.cores} cores; {os.uname().sysname} {os.uname().release}; work folder {work}")
 
     if args.fault_only:
         fault_table(runner)
         return 0
     eq_steps = 3 if args.tiny else args.equality_steps
+    t_phase = time.time()
     if not equality(runner, models, procs, eq_steps, args.rtol, pairs):
         print("run.py: the two sides computed different losses; no ratios reported")
         return 1
@@ -451,12 +469,14 @@ def main():
     lightning_ok = {}
     if args.lightning:
         lightning_ok = lightning_equality(runner, models, procs, eq_steps, lightning_pairs)
+    t_phase = phase_done("equality", t_phase)
     if args.equality_only:
         print("equality: ok" if all(lightning_ok.values()) else "equality: ok against the plain references; "
               "see above for Lightning")
         return 0
     if args.fault:
         faults = fault_table(runner)
+        t_phase = phase_done("fault table", t_phase)
 
     # --- throughput: alternate the two sides of each pair -----------------------
     sps = {}    # (side, model, nproc, threads) -> [samples/s per rep]
@@ -521,6 +541,7 @@ def main():
                 print(f"  rep {rep + 1} {model:7s} fulgur_ddp 2p {two:9.1f}/s  two independent 1p runs "
                       f"{ind[0]:.1f} + {ind[1]:.1f}/s  ratio {two / sum(ind):.2f}", flush=True)
 
+    t_phase = phase_done("throughput repetitions", t_phase)
     if args.dump:
         with open(args.dump, "w") as f:
             json.dump({"sps": {"|".join(map(str, k)): v for k, v in sps.items()},
@@ -539,6 +560,7 @@ def main():
             res = runner.run(side, "cnn", 2 if 2 in procs else 1, 1, 50 * args.memory_epochs - 1, 0,
                              ["--train-samples", str(n_train)])
             mem[side] = [r["rss_mb_by_epoch"] for r in res]
+        t_phase = phase_done("memory across epochs", t_phase)
 
     # --- report --------------------------------------------------------------------
     summary = {}
@@ -645,6 +667,8 @@ def main():
 
     print()
     print(f"total time {time.time() - t_start:.0f} s")
+    print("  by phase: " + ", ".join(f"{k} {v:.0f} s" for k, v in phases.items()))
+    print("  by program: " + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(runner.spent.items(), key=lambda kv: -kv[1])))
     print("== summary")
     for k, v in summary.items():
         print(f"{k} {v:.3f}" if not k.startswith("peak_rss") else f"{k} {v:.1f}")
