@@ -50,6 +50,11 @@ BAR_STARTUP = 0.5
 # M_TRIM_THRESHOLD 1 GiB) as a Python user sets it: the *_same_malloc sides.
 SAME_MALLOC = "glibc.malloc.mmap_threshold=536870912:glibc.malloc.trim_threshold=1073741824"
 SM = "_same_malloc"
+# The plain PyTorch script (reference.py, eager) run by the bench environment's torch 2.9, the torch
+# Lightning runs on: it splits fulgur / Lightning into the language and the framework (against
+# reference.py on Debian's torch 1.13, the kernels fulgur uses), the torch version's kernels, and
+# Lightning's own cost (against the plain loop on the same torch).
+T29 = "eager_torch29"
 
 
 def parse_args():
@@ -142,16 +147,16 @@ class Runner:
         if proc.returncode != 0:
             raise SystemExit(f"run.py: {' '.join(cmd)}\nexited with {proc.returncode}:\n{proc.stdout[-4000:]}")
 
-    def python(self, modes, models, nproc, warmup, steps, threads=0, extra=(), same_malloc=False):
-        """Runs the references: every mode and model in one Python process.
-        Returns {(mode, model): per-rank results}."""
+    def python(self, modes, models, nproc, warmup, steps, threads=0, extra=(), same_malloc=False, python=None):
+        """Runs the references: every mode and model in one Python process (Debian's python3-torch
+        unless `python` names another interpreter). Returns {(mode, model): per-rank results}."""
         self.n += 1
         out = os.path.join(self.work, f"r{self.n}")
         t = threads or max(1, self.cores // nproc)
         env = self.env(nproc, t)
         if same_malloc:
             env["GLIBC_TUNABLES"] = SAME_MALLOC
-        self.call([self.args.python, os.path.join(ROOT, "bench", "reference.py"), "--mode", ",".join(modes),
+        self.call([python or self.args.python, os.path.join(ROOT, "bench", "reference.py"), "--mode", ",".join(modes),
                    "--model", ",".join(models), "--nproc", str(nproc),
                    "--warmup", str(warmup), "--steps", str(steps), "--data-dir", self.args.data_dir,
                    "--init-dir", self.work, "--out", out, "--threads", str(t)] + list(extra), env)
@@ -199,6 +204,9 @@ class Runner:
             return self.fulgur(base, [model], nproc, warmup, steps, threads, extra)[model]
         if base in ("lightning_ddp", "lightning_xla"):
             return self.lightning(base[len("lightning_"):], model, nproc, warmup, steps, threads, same_malloc)
+        if base == T29:
+            return self.python(["eager"], [model], nproc, warmup, steps, threads, extra, same_malloc,
+                               self.args.bench_python)[("eager", model)]
         return self.python([base], [model], nproc, warmup, steps, threads, extra, same_malloc)[(base, model)]
 
     @staticmethod
@@ -400,6 +408,23 @@ def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lig
                           f"{r:6.2f}")
                     summary[f"speedup_vs_{name}_{nproc}proc_{model}_same_malloc"] = r
     print()
+    print("== where fulgur's lead over Lightning DDP comes from (medians of per-rep ratios of samples/s; the")
+    print("   product of the three is fulgur / Lightning): C++ against Python on the same kernels (fulgur over")
+    print("   reference.py on Debian's torch 1.13), torch 2.9's kernels over 1.13's (reference.py on each), and")
+    print("   Lightning's Trainer over the plain loop on the same torch 2.9")
+    for model in models:
+        for nproc in procs:
+            if ("ddp", T29, model, nproc) not in ratio or ("ddp", "lightning_ddp", model, nproc) not in ratio:
+                continue
+            f_e = median(ratio[("ddp", "eager", model, nproc)])
+            f_t = median(ratio[("ddp", T29, model, nproc)])
+            f_l = median(ratio[("ddp", "lightning_ddp", model, nproc)])
+            # fulgur/e13 over fulgur/e29 is e29/e13; fulgur/L over fulgur/e29 is e29/L.
+            print(f"  {model:7s} {nproc}p  fulgur/plain(1.13) {f_e:5.2f}  plain(2.9)/plain(1.13) {f_e / f_t:5.2f}  "
+                  f"plain(2.9)/Lightning {f_l / f_t:5.2f}  fulgur/Lightning {f_l:5.2f}")
+            summary[f"plain_torch29_over_lightning_ddp_{nproc}proc_{model}"] = f_l / f_t
+            summary[f"plain_torch29_over_plain_torch113_{nproc}proc_{model}"] = f_e / f_t
+    print()
     print("== start-up: from launching the program to the end of the first step (process start, spawn, data,")
     print("   compile), seconds, medians; ratio = median of per-rep fulgur/Lightning, 2 processes; bar 0.5")
     for model in models:
@@ -423,7 +448,7 @@ def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lig
         for nproc in procs:
             t = max(1, runner.cores // nproc)
             cells = []
-            for side in ("ddp", "lightning_ddp", "xla", "lightning_xla", "eager", "lazy"):
+            for side in ("ddp", "lightning_ddp", "xla", "lightning_xla", "eager", "lazy", T29):
                 if (side, model, nproc, t) not in recs:
                     continue
                 rss = median([max(r["peak_rss_mb"] for r in res) for res in recs[(side, model, nproc, t)]])
@@ -498,8 +523,10 @@ def main():
         for ours, ref in lightning_pairs:
             if lightning_ok.get((ref, model, nproc)):
                 out.append((ours, ref))
+        if args.lightning:
+            out.append(("ddp", T29))
         if args.same_malloc:
-            out += [(ours, ref + SM) for ours, ref in list(out)]
+            out += [(ours, ref + SM) for ours, ref in list(out) if ref != T29]
         return out
 
     for rep in range(args.reps):
