@@ -50,6 +50,11 @@ BAR_STARTUP = 0.5
 # M_TRIM_THRESHOLD 1 GiB) as a Python user sets it: the *_same_malloc sides.
 SAME_MALLOC = "glibc.malloc.mmap_threshold=536870912:glibc.malloc.trim_threshold=1073741824"
 SM = "_same_malloc"
+# The plain PyTorch script (reference.py, eager) run by the bench environment's torch 2.9, the torch
+# Lightning runs on: it splits fulgur / Lightning into the language and the framework (against
+# reference.py on Debian's torch 1.13, the kernels fulgur uses), the torch version's kernels, and
+# Lightning's own cost (against the plain loop on the same torch).
+T29 = "eager_torch29"
 
 
 def parse_args():
@@ -90,6 +95,10 @@ class Runner:
         self.n = 0
         cores = len(os.sched_getaffinity(0))
         self.cores = cores
+        self.spent = {}  # what the run's wall time went to: "<program>" -> seconds
+
+    def account(self, what, seconds):
+        self.spent[what] = self.spent.get(what, 0.0) + seconds
 
     def env(self, nproc, threads):
         # Both sides get the thread environment fulgur's launcher gives its
@@ -129,20 +138,25 @@ class Runner:
         return res
 
     def call(self, cmd, env):
+        t = time.time()
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
+        what = os.path.basename(cmd[1] if cmd[0].endswith(("python", "python3")) else cmd[0])
+        if "GLIBC_TUNABLES" in env and env["GLIBC_TUNABLES"] == SAME_MALLOC:
+            what += SM
+        self.account(what, time.time() - t)
         if proc.returncode != 0:
             raise SystemExit(f"run.py: {' '.join(cmd)}\nexited with {proc.returncode}:\n{proc.stdout[-4000:]}")
 
-    def python(self, modes, models, nproc, warmup, steps, threads=0, extra=(), same_malloc=False):
-        """Runs the references: every mode and model in one Python process.
-        Returns {(mode, model): per-rank results}."""
+    def python(self, modes, models, nproc, warmup, steps, threads=0, extra=(), same_malloc=False, python=None):
+        """Runs the references: every mode and model in one Python process (Debian's python3-torch
+        unless `python` names another interpreter). Returns {(mode, model): per-rank results}."""
         self.n += 1
         out = os.path.join(self.work, f"r{self.n}")
         t = threads or max(1, self.cores // nproc)
         env = self.env(nproc, t)
         if same_malloc:
             env["GLIBC_TUNABLES"] = SAME_MALLOC
-        self.call([self.args.python, os.path.join(ROOT, "bench", "reference.py"), "--mode", ",".join(modes),
+        self.call([python or self.args.python, os.path.join(ROOT, "bench", "reference.py"), "--mode", ",".join(modes),
                    "--model", ",".join(models), "--nproc", str(nproc),
                    "--warmup", str(warmup), "--steps", str(steps), "--data-dir", self.args.data_dir,
                    "--init-dir", self.work, "--out", out, "--threads", str(t)] + list(extra), env)
@@ -174,10 +188,12 @@ class Runner:
                 [self.args.bin, "--accelerator", "cpu", "--devices", "1", "--model", model, "--warmup", str(warmup),
                  "--steps", str(steps), "--data-dir", self.args.data_dir, "--init-dir", self.work, "--out", out,
                  "--threads", "1"], env=self.env(1, 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        t = time.time()
         for p in procs:
             text, _ = p.communicate(timeout=1800)
             if p.returncode != 0:
                 raise SystemExit(f"run.py: an independent fulgur run exited with {p.returncode}:\n{text[-4000:]}")
+        self.account("fulgur_bench (2 independent)", time.time() - t)
         return [self.load(f"{out}_{model}", 1)[0]["samples_per_s"] for out in outs]
 
     def run(self, side, model, nproc, warmup, steps, threads=0, extra=()):
@@ -188,6 +204,9 @@ class Runner:
             return self.fulgur(base, [model], nproc, warmup, steps, threads, extra)[model]
         if base in ("lightning_ddp", "lightning_xla"):
             return self.lightning(base[len("lightning_"):], model, nproc, warmup, steps, threads, same_malloc)
+        if base == T29:
+            return self.python(["eager"], [model], nproc, warmup, steps, threads, extra, same_malloc,
+                               self.args.bench_python)[("eager", model)]
         return self.python([base], [model], nproc, warmup, steps, threads, extra, same_malloc)[(base, model)]
 
     @staticmethod
@@ -389,6 +408,23 @@ def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lig
                           f"{r:6.2f}")
                     summary[f"speedup_vs_{name}_{nproc}proc_{model}_same_malloc"] = r
     print()
+    print("== where fulgur's lead over Lightning DDP comes from (medians of per-rep ratios of samples/s; the")
+    print("   product of the three is fulgur / Lightning): C++ against Python on the same kernels (fulgur over")
+    print("   reference.py on Debian's torch 1.13), torch 2.9's kernels over 1.13's (reference.py on each), and")
+    print("   Lightning's Trainer over the plain loop on the same torch 2.9")
+    for model in models:
+        for nproc in procs:
+            if ("ddp", T29, model, nproc) not in ratio or ("ddp", "lightning_ddp", model, nproc) not in ratio:
+                continue
+            f_e = median(ratio[("ddp", "eager", model, nproc)])
+            f_t = median(ratio[("ddp", T29, model, nproc)])
+            f_l = median(ratio[("ddp", "lightning_ddp", model, nproc)])
+            # fulgur/e13 over fulgur/e29 is e29/e13; fulgur/L over fulgur/e29 is e29/L.
+            print(f"  {model:7s} {nproc}p  fulgur/plain(1.13) {f_e:5.2f}  plain(2.9)/plain(1.13) {f_e / f_t:5.2f}  "
+                  f"plain(2.9)/Lightning {f_l / f_t:5.2f}  fulgur/Lightning {f_l:5.2f}")
+            summary[f"plain_torch29_over_lightning_ddp_{nproc}proc_{model}"] = f_l / f_t
+            summary[f"plain_torch29_over_plain_torch113_{nproc}proc_{model}"] = f_e / f_t
+    print()
     print("== start-up: from launching the program to the end of the first step (process start, spawn, data,")
     print("   compile), seconds, medians; ratio = median of per-rep fulgur/Lightning, 2 processes; bar 0.5")
     for model in models:
@@ -412,7 +448,7 @@ def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lig
         for nproc in procs:
             t = max(1, runner.cores // nproc)
             cells = []
-            for side in ("ddp", "lightning_ddp", "xla", "lightning_xla", "eager", "lazy"):
+            for side in ("ddp", "lightning_ddp", "xla", "lightning_xla", "eager", "lazy", T29):
                 if (side, model, nproc, t) not in recs:
                     continue
                 rss = median([max(r["peak_rss_mb"] for r in res) for res in recs[(side, model, nproc, t)]])
@@ -438,12 +474,19 @@ def main():
     runner = Runner(args, work)
     runner.init(models)
     t_start = time.time()
+    phases = {}  # phase -> wall seconds
+
+    def phase_done(name, since):
+        phases[name] = phases.get(name, 0.0) + time.time() - since
+        return time.time()
+
     print(f"machine: {runner.cores} cores; {os.uname().sysname} {os.uname().release}; work folder {work}")
 
     if args.fault_only:
         fault_table(runner)
         return 0
     eq_steps = 3 if args.tiny else args.equality_steps
+    t_phase = time.time()
     if not equality(runner, models, procs, eq_steps, args.rtol, pairs):
         print("run.py: the two sides computed different losses; no ratios reported")
         return 1
@@ -451,12 +494,14 @@ def main():
     lightning_ok = {}
     if args.lightning:
         lightning_ok = lightning_equality(runner, models, procs, eq_steps, lightning_pairs)
+    t_phase = phase_done("equality", t_phase)
     if args.equality_only:
         print("equality: ok" if all(lightning_ok.values()) else "equality: ok against the plain references; "
               "see above for Lightning")
         return 0
     if args.fault:
         faults = fault_table(runner)
+        t_phase = phase_done("fault table", t_phase)
 
     # --- throughput: alternate the two sides of each pair -----------------------
     sps = {}    # (side, model, nproc, threads) -> [samples/s per rep]
@@ -478,8 +523,10 @@ def main():
         for ours, ref in lightning_pairs:
             if lightning_ok.get((ref, model, nproc)):
                 out.append((ours, ref))
+        if args.lightning:
+            out.append(("ddp", T29))
         if args.same_malloc:
-            out += [(ours, ref + SM) for ours, ref in list(out)]
+            out += [(ours, ref + SM) for ours, ref in list(out) if ref != T29]
         return out
 
     for rep in range(args.reps):
@@ -521,6 +568,7 @@ def main():
                 print(f"  rep {rep + 1} {model:7s} fulgur_ddp 2p {two:9.1f}/s  two independent 1p runs "
                       f"{ind[0]:.1f} + {ind[1]:.1f}/s  ratio {two / sum(ind):.2f}", flush=True)
 
+    t_phase = phase_done("throughput repetitions", t_phase)
     if args.dump:
         with open(args.dump, "w") as f:
             json.dump({"sps": {"|".join(map(str, k)): v for k, v in sps.items()},
@@ -539,6 +587,7 @@ def main():
             res = runner.run(side, "cnn", 2 if 2 in procs else 1, 1, 50 * args.memory_epochs - 1, 0,
                              ["--train-samples", str(n_train)])
             mem[side] = [r["rss_mb_by_epoch"] for r in res]
+        t_phase = phase_done("memory across epochs", t_phase)
 
     # --- report --------------------------------------------------------------------
     summary = {}
@@ -645,6 +694,8 @@ def main():
 
     print()
     print(f"total time {time.time() - t_start:.0f} s")
+    print("  by phase: " + ", ".join(f"{k} {v:.0f} s" for k, v in phases.items()))
+    print("  by program: " + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(runner.spent.items(), key=lambda kv: -kv[1])))
     print("== summary")
     for k, v in summary.items():
         print(f"{k} {v:.3f}" if not k.startswith("peak_rss") else f"{k} {v:.1f}")
