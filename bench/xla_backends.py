@@ -49,11 +49,15 @@ def parse_args():
 def run_side(args, work, side, model, rep):
     steps = max(3, int(STEPS[model] * args.steps_scale))
     out = os.path.join(work, f"r{rep}-{side}")
-    env = dict(os.environ)
+    # The thread environment bench/run.py gives every side (fulgur's launcher's policy): the cores
+    # split between the processes, a passive OpenMP wait. Without it the eager step ran 2-5x slower
+    # (spinning threads) and the pjrt/eager ratio read far better than it is.
+    threads = max(1, len(os.sched_getaffinity(0)) // args.devices)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
     if side != "cpu":
         env["FULGUR_XLA_BACKEND"] = side
     cmd = [args.bin, "--model", model, "--accelerator", "cpu" if side == "cpu" else "xla",
-           "--devices", str(args.devices), "--warmup", str(WARMUP[model]), "--steps", str(steps),
+           "--devices", str(args.devices), "--threads", str(threads), "--warmup", str(WARMUP[model]), "--steps", str(steps),
            "--data-dir", args.data_dir, "--init-dir", work, "--out", out]
     t0 = time.time()
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
