@@ -80,6 +80,7 @@ struct CountingModule : TinyRegression {
     return TinyRegression::validation_step(b, i);
   }
   void on_validation_epoch_end() override { ++val_runs; }
+  torch::Tensor predict_step(const Batch& b, int64_t) override { return forward(b.data); }
   int val_batches = 0;
   int val_runs = 0;
 };
@@ -98,6 +99,33 @@ TEST(Loops, ValidationIntervalAndSanityCheck) {
   Trainer t2(quiet(dir.path).max_epochs(4).check_val_every_n_epoch(2).enable_checkpointing(false));
   t2.fit(m2, loader(16, 8), loader(16, 8));
   EXPECT_EQ(m2.val_runs, 2);
+}
+
+// fast_dev_run(n): n batches of every loop, one epoch, no sanity check, no
+// logger and no checkpoint (Lightning's fast_dev_run=n).
+TEST(Loops, FastDevRunRunsThatManyBatchesOfEveryLoop) {
+  TempDir dir;
+  CountingModule m;
+  Trainer t(quiet(dir.path).max_epochs(5).fast_dev_run(3).num_sanity_val_steps(2));
+  t.fit(m, loader(80, 8), loader(40, 8));
+  EXPECT_EQ(t.global_step(), 3);
+  EXPECT_EQ(t.current_epoch(), 1);
+  EXPECT_EQ(m.val_runs, 1);
+  EXPECT_EQ(m.val_batches, 3);
+  EXPECT_TRUE(t.loggers().empty());
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path)) << "fast_dev_run wrote into " << dir.path;
+
+  CountingModule m2;
+  Trainer t2(quiet(dir.path).fast_dev_run(2));
+  t2.validate(m2, loader(40, 8));
+  EXPECT_EQ(m2.val_batches, 2);
+  Trainer t3(quiet(dir.path).fast_dev_run(2));
+  EXPECT_EQ(t3.predict(m2, loader(40, 8)).size(), 2u);
+  // More batches asked for than the loader has: all of them.
+  CountingModule m4;
+  Trainer t4(quiet(dir.path).fast_dev_run(50));
+  t4.validate(m4, loader(40, 8));
+  EXPECT_EQ(m4.val_batches, 5);
 }
 
 TEST(Loops, AccumulationEqualsALargerBatch) {

@@ -102,16 +102,22 @@ bool is_block(const c10::IValue& v) {
 
 void write_node(std::string& out, const c10::IValue& v, int indent);
 
+// What follows a "key:" or a "-": a scalar on the same line, or a block on
+// the next lines at `block_indent`.
+void write_value(std::string& out, const c10::IValue& v, int block_indent) {
+  if (!is_block(v)) {
+    out += " " + scalar_text(v) + "\n";
+    return;
+  }
+  out += "\n";
+  write_node(out, v, block_indent);
+}
+
 // Mapping entries at `indent`; a sequence value's items at the same indent.
 void write_mapping(std::string& out, const c10::impl::GenericDict& dict, int indent) {
   for (const auto& kv : dict) {
     out += std::string(indent, ' ') + key_text(kv.key()) + ":";
-    if (is_block(kv.value())) {
-      out += "\n";
-      write_node(out, kv.value(), kv.value().isGenericDict() ? indent + 2 : indent);
-    } else {
-      out += " " + scalar_text(kv.value()) + "\n";
-    }
+    write_value(out, kv.value(), kv.value().isGenericDict() ? indent + 2 : indent);
   }
 }
 
@@ -119,12 +125,7 @@ void write_node(std::string& out, const c10::IValue& v, int indent) {
   if (v.isGenericDict()) return write_mapping(out, v.toGenericDict(), indent);
   for (const auto& item : items(v)) {
     out += std::string(indent, ' ') + "-";
-    if (is_block(item)) {
-      out += "\n";
-      write_node(out, item, indent + 2);
-    } else {
-      out += " " + scalar_text(item) + "\n";
-    }
+    write_value(out, item, indent + 2);
   }
 }
 

@@ -216,13 +216,9 @@ void TrainerImpl::predict_loop(BatchSource& source, int64_t max_batches) {
 
 void TrainerImpl::fit_loop() {
   const int64_t available = train_source->num_batches();
-  num_training_batches = resolved.limit_overrides > 0 ? std::min(resolved.limit_overrides, available)
-                                             : options.limit_train_batches().resolve(available, "limit_train_batches");
-  int64_t val_batches = 0;
-  if (val_source) {
-    val_batches = resolved.limit_overrides > 0 ? std::min(resolved.limit_overrides, val_source->num_batches())
-                                      : options.limit_val_batches().resolve(val_source->num_batches(), "limit_val_batches");
-  }
+  num_training_batches = resolved.batches(options.limit_train_batches(), available, "limit_train_batches");
+  const int64_t val_batches =
+      val_source ? resolved.batches(options.limit_val_batches(), val_source->num_batches(), "limit_val_batches") : 0;
   const BatchLimit& vci = options.val_check_interval();
   int64_t val_every = num_training_batches;
   if (vci.is_fraction()) {

@@ -130,8 +130,10 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     const BatchLimit& limit = run_stage == Stage::kValidate ? options.limit_val_batches()
                               : run_stage == Stage::kTest   ? options.limit_test_batches()
                                                             : options.limit_predict_batches();
-    const int64_t n = resolved.limit_overrides > 0 ? std::min(resolved.limit_overrides, source->num_batches())
-                                          : limit.resolve(source->num_batches(), "limit_*_batches");
+    const char* what = run_stage == Stage::kValidate ? "limit_val_batches"
+                       : run_stage == Stage::kTest   ? "limit_test_batches"
+                                                     : "limit_predict_batches";
+    const int64_t n = resolved.batches(limit, source->num_batches(), what);
     if (run_stage == Stage::kPredict) {
       predict_loop(*source, n);
     } else {

@@ -10,6 +10,7 @@
 #include "trainer/run_context.h"
 #include "trainer/stop_poll.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -54,6 +55,11 @@ struct ResolvedOptions {
   int64_t max_epochs = 1000;
   // fast_dev_run's batch count, which every loop runs; 0 = off.
   int64_t limit_overrides = 0;
+  // Batches a loop runs out of `available`: fast_dev_run's count when set,
+  // else `limit` (its option's name is `what`) resolved against `available`.
+  int64_t batches(const BatchLimit& limit, int64_t available, const char* what) const {
+    return limit_overrides > 0 ? std::min(limit_overrides, available) : limit.resolve(available, what);
+  }
   // Set and > 0: clip at this value; else no clipping.
   std::optional<double> gradient_clip_val;
 };
