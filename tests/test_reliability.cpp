@@ -1096,6 +1096,61 @@ TEST(Signals, SigtermDuringALongValidationStopsTheJobWithinASecond) {
     EXPECT_EQ(e.path().filename(), "last.ckpt");
 }
 
+// A stop signal writes last.ckpt only where checkpointing is on: with
+// enable_checkpointing(false), or under fast_dev_run, no file is written and
+// the error says so (before, last.ckpt was written whatever the options;
+// Lightning writes nothing without a ModelCheckpoint).
+namespace {
+struct SigtermAtStep3 : fulgur::testing::TinyRegression {
+  StepOutput training_step(const Batch& b, int64_t i) override {
+    if (global_step() == 3) ::raise(SIGTERM);
+    return fulgur::testing::TinyRegression::training_step(b, i);
+  }
+};
+
+std::vector<std::string> checkpoint_files(const std::string& root) {
+  std::vector<std::string> found;
+  if (!fs::exists(root)) return found;
+  for (const auto& e : fs::recursive_directory_iterator(root))
+    if (e.path().extension() == ".ckpt") found.push_back(e.path().string());
+  return found;
+}
+}  // namespace
+
+TEST(Signals, StopWithCheckpointingOffWritesNoCheckpoint) {
+  for (const bool dev_run : {false, true}) {
+    SCOPED_TRACE(dev_run ? "fast_dev_run(6)" : "enable_checkpointing(false)");
+    TempDir dir;
+    SigtermAtStep3 m;
+    auto options = TrainerOptions().accelerator("cpu").devices(1).max_epochs(1).default_root_dir(dir.path + "/run")
+                       .enable_progress_bar(false).enable_model_summary(false).num_sanity_val_steps(0);
+    if (dev_run) options.fast_dev_run(6);
+    else options.enable_checkpointing(false);
+    Trainer t(options);
+    ASSERT_EQ(t.checkpoint_callback(), nullptr);
+    std::optional<WorkerFailure> failure;
+    try {
+      t.fit(m, rows(64));
+    } catch (const WorkerFailure& e) {
+      failure = e;
+    }
+    ASSERT_TRUE(failure.has_value()) << "fit ended without the signal's failure";
+    EXPECT_EQ(failure->exit_code(), 143) << failure->what();
+    EXPECT_THAT(failure->what(), HasSubstr("at step 4; no checkpoint written (checkpointing is off)"));
+    EXPECT_EQ(checkpoint_files(dir.path), std::vector<std::string>{});
+    EXPECT_FALSE(fs::exists("checkpoints/last.ckpt")) << "written to the working folder";
+  }
+  // The same job with checkpointing on still writes last.ckpt at the stop.
+  TempDir dir;
+  SigtermAtStep3 m;
+  Trainer t(TrainerOptions().accelerator("cpu").devices(1).max_epochs(1).default_root_dir(dir.path)
+                .enable_progress_bar(false).enable_model_summary(false).num_sanity_val_steps(0));
+  EXPECT_THROW(t.fit(m, rows(64)), WorkerFailure);
+  const std::string last = dir.path + "/lightning_logs/version_0/checkpoints/last.ckpt";
+  EXPECT_EQ(checkpoint_files(dir.path), std::vector<std::string>{last});
+  EXPECT_EQ(global_step_of(last), 4);
+}
+
 // A rank stuck in a step cannot reach the next agreement: the launcher
 // waits for it, and a second signal ends the job at once.
 TEST(Signals, SecondSigtermEndsAJobWithAWorkerStuckInAStep) {

@@ -281,20 +281,25 @@ void TrainerImpl::fit_loop() {
       }
     }
     if (interrupted) {
-      const int sig = runtime::received_stop_signal();
-      std::string path = owner.log_dir() + "/checkpoints/last.ckpt";
-      if (auto* mc = owner.checkpoint_callback(); mc && !mc->dirpath().empty()) path = mc->dirpath() + "/last.ckpt";
-      owner.save_checkpoint(path);
-      runtime::log_rank_zero(runtime::LogLevel::kWarning, "stopping at step " + std::to_string(global_step) +
-                                                              " on signal " + std::to_string(sig ? sig : SIGTERM) +
-                                                              "; checkpoint saved to " + path);
+      const int sig = runtime::received_stop_signal() ? runtime::received_stop_signal() : SIGTERM;
+      // last.ckpt only where checkpointing is on (a ModelCheckpoint, the default one or the
+      // user's); with enable_checkpointing(false) or fast_dev_run nothing is written.
+      std::string saved = "no checkpoint written (checkpointing is off)", report = saved;
+      if (auto* mc = owner.checkpoint_callback()) {
+        const std::string path =
+            (mc->dirpath().empty() ? owner.log_dir() + "/checkpoints" : mc->dirpath()) + "/last.ckpt";
+        owner.save_checkpoint(path);
+        saved = "checkpoint saved to " + path;
+        report = "last checkpoint " + path;
+      }
+      const std::string signal = "signal " + std::to_string(sig);
+      runtime::log_rank_zero(runtime::LogLevel::kWarning,
+                             "stopping at step " + std::to_string(global_step) + " on " + signal + "; " + saved);
       if (strategy->is_global_zero())
         for (auto& l : loggers) l->finalize("interrupted");
-      report_fit_end("signal " + std::to_string(sig ? sig : SIGTERM) + " (" + signal_name(sig ? sig : SIGTERM) +
-                     "); last checkpoint " + path);
-      throw WorkerFailure("interrupted by signal " + std::to_string(sig ? sig : SIGTERM) + " at step " +
-                              std::to_string(global_step) + "; checkpoint saved to " + path,
-                          static_cast<int>(strategy->global_rank()), 128 + (sig ? sig : SIGTERM));
+      report_fit_end(signal + " (" + signal_name(sig) + "); " + report);
+      throw WorkerFailure("interrupted by " + signal + " at step " + std::to_string(global_step) + "; " + saved,
+                          static_cast<int>(strategy->global_rank()), 128 + sig);
     }
     // Epoch end: aggregates, hooks, then the next epoch.
     auto values = results.epoch_values(reducer());
