@@ -5,6 +5,8 @@
 #include "support.h"
 
 #include <fulgur/callbacks/model_summary.h>
+#include <fulgur/loggers/csv_logger.h>
+#include <fulgur/loggers/tensorboard_logger.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -234,6 +236,14 @@ TEST(RunEnd, SaysWhyFitStoppedWhereTheBestCheckpointIsAndWhereTheLogsAre) {
     EXPECT_THAT(err, HasSubstr("fulgur: fit stopped at epoch 0, step 4: signal 15 (SIGTERM); last checkpoint " + logs +
                                "2/checkpoints/last.ckpt\n"));
     EXPECT_THAT(err, HasSubstr("fulgur: logs: " + logs + "2\n"));
+  }
+  {
+    // Two loggers in one version folder: the folder is named once.
+    TinyRegression m;
+    auto both = std::vector<std::shared_ptr<Logger>>{std::make_shared<CSVLogger>(dir.path),
+                                                     std::make_shared<TensorBoardLogger>(dir.path)};
+    const std::string err = fit_stderr(quiet(dir.path).max_epochs(1).logger(both), m, loader(16, 8));
+    EXPECT_THAT(err, HasSubstr("fulgur: logs: " + logs + "3\n"));
   }
 }
 

@@ -9,6 +9,7 @@
 #include "runtime/log.h"
 #include "trainer/trainer_impl.h"
 
+#include <set>
 #include <stdexcept>
 
 namespace fulgur::detail {
@@ -84,8 +85,11 @@ void TrainerImpl::report_fit_end(const std::string& why) const {
   } else {
     runtime::log_rank_zero(LogLevel::kInfo, "no checkpoints (enable_checkpointing is off)");
   }
+  // Several loggers share one version folder (CSV and TensorBoard): each folder once.
   std::string dirs;
-  for (const auto& l : loggers) dirs += (dirs.empty() ? "" : ", ") + l->log_dir();
+  std::set<std::string> seen;
+  for (const auto& l : loggers)
+    if (seen.insert(l->log_dir()).second) dirs += (dirs.empty() ? "" : ", ") + l->log_dir();
   runtime::log_rank_zero(LogLevel::kInfo, loggers.empty() ? "no logs (logger is off)" : "logs: " + dirs);
 }
 
