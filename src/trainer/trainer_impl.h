@@ -41,6 +41,22 @@ inline std::string format_metric(double v) {
 
 // Where a stage's loaders come from (called in the worker, after setup).
 struct StageData {
+  // The DataModule's loaders for the stage.
+  static StageData from(DataModule& datamodule) {
+    StageData d;
+    d.datamodule = &datamodule;
+    return d;
+  }
+  // The loaders given: `loader` trains under fit (with `val_loader`, if any)
+  // and is `eval` for the other stages.
+  static StageData from(Stage stage, std::shared_ptr<BatchSource> loader,
+                        std::shared_ptr<BatchSource> val_loader = nullptr) {
+    StageData d;
+    (stage == Stage::kFit ? d.train : d.eval) = std::move(loader);
+    d.val = std::move(val_loader);
+    return d;
+  }
+
   DataModule* datamodule = nullptr;
   std::shared_ptr<BatchSource> train;
   std::shared_ptr<BatchSource> val;
