@@ -6,7 +6,7 @@
 //     Net() { fc = register_module("fc", torch::nn::Linear(784, 10)); }
 //     fulgur::StepOutput training_step(const fulgur::Batch& b, int64_t) override {
 //       auto loss = torch::nll_loss(torch::log_softmax(fc(b.data.flatten(1)), 1), b.target);
-//       log("train_loss", loss, fulgur::LogOptions().with_prog_bar(true));
+//       log("train_loss", loss, fulgur::LogOptions().prog_bar(true));
 //       return loss;
 //     }
 //     fulgur::OptimizerConfig configure_optimizers() override {
@@ -19,6 +19,7 @@
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
+#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -47,16 +48,21 @@ inline c10::Dict<std::string, c10::IValue> make_dict() {
       c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
 }
 
+// A learning-rate scheduler and when it steps (Lightning's lr_scheduler_config).
+//
+// Example:
+//   fulgur::SchedulerConfig(std::make_shared<torch::optim::StepLR>(*opt, 10, 0.5)).interval("step")
 struct SchedulerConfig {
-  std::shared_ptr<torch::optim::LRScheduler> scheduler;
+  explicit SchedulerConfig(std::shared_ptr<torch::optim::LRScheduler> scheduler) : scheduler_(std::move(scheduler)) {}
+  TORCH_ARG(std::shared_ptr<torch::optim::LRScheduler>, scheduler);
   // When the scheduler steps: after every `frequency` optimizer steps ("step")
   // or after every `frequency` epochs ("epoch").
-  std::string interval = "epoch";
-  int64_t frequency = 1;
+  TORCH_ARG(std::string, interval) = "epoch";
+  TORCH_ARG(int64_t, frequency) = 1;
   // Which optimizer of OptimizerConfig::optimizers the scheduler drives.
-  int64_t optimizer_index = 0;
+  TORCH_ARG(int64_t, optimizer_index) = 0;
   // Name used by LearningRateMonitor; default "lr-<Optimizer>".
-  std::string name;
+  TORCH_ARG(std::string, name) = "";
 };
 
 // What configure_optimizers returns: one or several optimizers and their
@@ -127,7 +133,7 @@ class LightningModule : public torch::nn::Module {
   void log(const std::string& name, const at::Tensor& value, LogOptions options = {});
   void log(const std::string& name, double value, LogOptions options = {});
   // Lightning's log_dict: log(name, value, options) for each entry, in key
-  // order. Example: log_dict({{"loss", loss}, {"acc", acc}}, LogOptions().with_prog_bar(true));
+  // order. Example: log_dict({{"loss", loss}, {"acc", acc}}, LogOptions().prog_bar(true));
   void log_dict(const std::map<std::string, at::Tensor>& values, const LogOptions& options = {});
   void log_dict(const std::map<std::string, double>& values, const LogOptions& options = {});
 

@@ -40,7 +40,7 @@ void XLAStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::strin
 
 void XLAStrategy::teardown() {
   if (launched_) xla::mark_step();
-  if (options_.debug && is_global_zero()) std::cerr << xla::metrics_report() << std::endl;
+  if (options_.debug() && is_global_zero()) std::cerr << xla::metrics_report() << std::endl;
   DDPStrategy::teardown();
 }
 
