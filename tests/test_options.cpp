@@ -1,9 +1,11 @@
 #include "public_api.h"
 #include "support.h"
 
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/plugins/precision/precision.h>
 #include <fulgur/strategies/ddp.h>
-#include <fulgur/strategies/xla.h>
 #include <fulgur/strategies/registry.h>
+#include <fulgur/strategies/xla.h>
 
 #include <gtest/gtest.h>
 

@@ -5,6 +5,10 @@
 
 #include "support.h"
 
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/data/data_loader.h>
+#include <fulgur/launchers/launcher.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
 #include <fulgur/strategies/ddp.h>
 #include <fulgur/strategies/single_device.h>

@@ -5,6 +5,7 @@
 #include "support.h"
 
 #include <fulgur/callbacks/model_summary.h>
+#include <fulgur/lightning_module.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -5,6 +5,10 @@
 #include "runtime/log.h"
 #include "runtime/threads.h"
 
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/data/data_loader.h>
+#include <fulgur/launchers/launcher.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/strategies/ddp.h>
 #include <fulgur/strategies/xla.h>
 

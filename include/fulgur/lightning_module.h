@@ -15,20 +15,19 @@
 //     torch::nn::Linear fc{nullptr};
 //   };
 
+#include <fulgur/checkpoint.h>
+#include <fulgur/optimizer_config.h>
 #include <fulgur/types.h>
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
-#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
-#include <torch/optim/schedulers/lr_scheduler.h>
 
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace fulgur {
@@ -37,47 +36,6 @@ class Trainer;
 namespace detail {
 struct TrainerImpl;
 }
-
-// A checkpoint: Lightning's dict layout (see docs/ARCHITECTURE.md, "Checkpoints").
-using Checkpoint = c10::Dict<std::string, c10::IValue>;
-
-// An empty dict of string keys and any values (c10::Dict<std::string,
-// c10::IValue> has no default constructor).
-inline c10::Dict<std::string, c10::IValue> make_dict() {
-  return c10::impl::toTypedDict<std::string, c10::IValue>(
-      c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
-}
-
-// A learning-rate scheduler and when it steps (Lightning's lr_scheduler_config).
-//
-// Example:
-//   fulgur::SchedulerConfig(std::make_shared<torch::optim::StepLR>(*opt, 10, 0.5)).interval("step")
-struct SchedulerConfig {
-  explicit SchedulerConfig(std::shared_ptr<torch::optim::LRScheduler> scheduler) : scheduler_(std::move(scheduler)) {}
-  TORCH_ARG(std::shared_ptr<torch::optim::LRScheduler>, scheduler);
-  // When the scheduler steps: after every `frequency` optimizer steps ("step")
-  // or after every `frequency` epochs ("epoch").
-  TORCH_ARG(std::string, interval) = "epoch";
-  TORCH_ARG(int64_t, frequency) = 1;
-  // Which optimizer of OptimizerConfig::optimizers the scheduler drives.
-  TORCH_ARG(int64_t, optimizer_index) = 0;
-  // Name used by LearningRateMonitor; default "lr-<Optimizer>".
-  TORCH_ARG(std::string, name) = "";
-};
-
-// What configure_optimizers returns: one or several optimizers and their
-// schedulers.
-struct OptimizerConfig {
-  OptimizerConfig() = default;
-  template <typename O, typename = std::enable_if_t<std::is_base_of_v<torch::optim::Optimizer, O>>>
-  OptimizerConfig(std::shared_ptr<O> optimizer)  // NOLINT: returning an optimizer is enough, as in Lightning
-      : optimizers{std::move(optimizer)} {}
-  OptimizerConfig(std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers,
-                  std::vector<SchedulerConfig> schedulers = {});
-
-  std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers;
-  std::vector<SchedulerConfig> schedulers;
-};
 
 // An optimizer as a module sees it under manual optimization: step() goes
 // through the strategy (gradient sync, precision, step mark on xla devices).

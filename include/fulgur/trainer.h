@@ -9,10 +9,7 @@
 //   trainer.fit(model, datamodule);
 //   auto metrics = trainer.test(model, datamodule);
 
-#include <fulgur/callbacks/callback.h>
-#include <fulgur/data_module.h>
-#include <fulgur/lightning_module.h>
-#include <fulgur/loggers/logger.h>
+#include <fulgur/checkpoint.h>
 
 #include <torch/arg.h>
 
@@ -28,8 +25,14 @@
 
 namespace fulgur {
 
-class Strategy;
+class BatchSource;
+class Callback;
+class DataModule;
+class LightningModule;
+class Logger;
 class ModelCheckpoint;
+struct OptimizerConfig;
+class Strategy;
 class Trainer;
 namespace detail {
 struct TrainerImpl;

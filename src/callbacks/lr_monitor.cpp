@@ -1,4 +1,6 @@
 #include <fulgur/callbacks/lr_monitor.h>
+#include <fulgur/lightning_module.h>
+#include <fulgur/loggers/logger.h>
 #include <fulgur/trainer.h>
 
 #include "optim/optim_state.h"

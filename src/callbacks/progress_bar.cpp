@@ -1,4 +1,5 @@
 #include <fulgur/callbacks/progress_bar.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/trainer.h>
 
 #include <unistd.h>

@@ -1,4 +1,8 @@
+#include <fulgur/accelerators/accelerator.h>
 #include <fulgur/data/device_loader.h>
+#include <fulgur/launchers/launcher.h>
+#include <fulgur/lightning_module.h>
+#include <fulgur/plugins/precision/precision.h>
 #include <fulgur/strategies/parallel.h>
 
 #include "serialize/tensor_tree.h"

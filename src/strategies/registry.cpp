@@ -1,8 +1,9 @@
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/plugins/precision/xla.h>
 #include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/registry.h>
 #include <fulgur/strategies/single_xla.h>
 #include <fulgur/strategies/xla.h>
-#include <fulgur/strategies/registry.h>
-#include <fulgur/plugins/precision/xla.h>
 
 #include <algorithm>
 

@@ -1,3 +1,5 @@
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/strategies/single_xla.h>
 
 #include "strategies/xla_common.h"

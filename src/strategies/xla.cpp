@@ -1,3 +1,5 @@
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/strategies/xla.h>
 
 #include "distributed/gradient_sync.h"

@@ -3,6 +3,7 @@
 
 #include <fulgur/callbacks/model_checkpoint.h>
 #include <fulgur/checkpoint.h>
+#include <fulgur/data/data_loader.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 

@@ -3,6 +3,7 @@
 // rank 0's report at the end of fit.
 
 #include <fulgur/callbacks/model_checkpoint.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 

@@ -13,6 +13,8 @@
 #include "runtime/signals.h"
 #include "trainer/trainer_impl.h"
 
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 #include <torch/torch.h>
 
 #include <csignal>

@@ -3,12 +3,16 @@
 
 #include <fulgur/callbacks/model_checkpoint.h>
 #include <fulgur/checkpoint.h>
+#include <fulgur/data_module.h>
 #include <fulgur/launchers/launcher.h>
+#include <fulgur/lightning_module.h>
+#include <fulgur/loggers/logger.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
 #include "trainer/trainer_impl.h"
 
+#include <torch/optim/optimizer.h>
 #include <torch/torch.h>
 
 #include <cstdlib>

@@ -4,7 +4,14 @@
 // run_in_worker), loops.cpp, logging.cpp, checkpointing.cpp,
 // worker_result.cpp; trainer.cpp is the façade.
 
+#include <fulgur/callbacks/callback.h>
+#include <fulgur/data/data_loader.h>
+#include <fulgur/data_module.h>
+#include <fulgur/lightning_module.h>
+#include <fulgur/loggers/logger.h>
 #include <fulgur/trainer.h>
+
+#include <torch/optim/optimizer.h>
 
 #include "trainer/results.h"
 #include "trainer/run_context.h"

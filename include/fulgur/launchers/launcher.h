@@ -1,7 +1,6 @@
 #pragma once
 // Launcher: starts the worker processes of a job and supervises them.
 
-#include <ATen/core/ivalue.h>
 #include <torch/arg.h>
 
 #include <chrono>
@@ -9,6 +8,10 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+
+namespace c10 {
+struct IValue;
+}  // namespace c10
 
 namespace fulgur {
 
