@@ -9,6 +9,9 @@
 #include "mnist/mnist_module.h"
 
 #include <fulgur/checkpoint.h>
+#include <fulgur/data/data_loader.h>
+#include <fulgur/launchers/launcher.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/strategies/ddp.h>
 #include <fulgur/xla/backend.h>
 

@@ -18,12 +18,12 @@ struct Classifier : fulgur::LightningModule {
 
   fulgur::StepOutput training_step(const fulgur::Batch& batch, int64_t) override {
     auto loss = torch::cross_entropy_loss(forward(batch.data), batch.target);
-    log("train_loss", loss, fulgur::LogOptions().with_prog_bar(true));
+    log("train_loss", loss, fulgur::LogOptions().prog_bar(true));
     return loss;
   }
   fulgur::StepOutput validation_step(const fulgur::Batch& batch, int64_t) override {
     auto acc = forward(batch.data).argmax(1).eq(batch.target).to(torch::kFloat32).mean();
-    log("val_acc", acc, fulgur::LogOptions().with_sync_dist(true));
+    log("val_acc", acc, fulgur::LogOptions().sync_dist(true));
     return {};
   }
   fulgur::OptimizerConfig configure_optimizers() override {

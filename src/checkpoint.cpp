@@ -1,6 +1,7 @@
 #include <fulgur/checkpoint.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
 
+#include <torch/nn/module.h>
 #include <torch/torch.h>
 
 #include <set>

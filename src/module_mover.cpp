@@ -1,5 +1,6 @@
 #include <fulgur/module_mover.h>
 
+#include <torch/nn/module.h>
 #include <torch/torch.h>
 
 #include <torch/csrc/lazy/core/lazy_graph_executor.h>

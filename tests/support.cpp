@@ -57,11 +57,11 @@ std::vector<RankResult> run_ranks(int world, const std::function<void(Collective
       at::set_num_threads(1);
       std::string error;
       try {
-        RendezvousOptions o;
-        o.rank = r;
-        o.world_size = world;
-        o.store_path = dir.path + "/store";
-        o.timeout = collective_timeout;
+        auto o = RendezvousOptions()
+            .rank(r)
+            .world_size(world)
+            .store_path(dir.path + "/store")
+            .timeout(collective_timeout);
         auto c = Collectives::create(o);
         fn(*c);
         c->shutdown();
@@ -140,13 +140,13 @@ TinyRegression::TinyRegression(double lr_in, int64_t in) : LightningModule("Tiny
 StepOutput TinyRegression::training_step(const Batch& b, int64_t) {
   auto loss = torch::mse_loss(forward(b.data), b.target);
   losses.push_back(loss.item<double>());
-  log("train_loss", loss, LogOptions().with_prog_bar(true));
+  log("train_loss", loss, LogOptions().prog_bar(true));
   return loss;
 }
 
 StepOutput TinyRegression::validation_step(const Batch& b, int64_t) {
   auto loss = torch::mse_loss(forward(b.data), b.target);
-  log("val_loss", loss, LogOptions().with_sync_dist(true));
+  log("val_loss", loss, LogOptions().sync_dist(true));
   return loss;
 }
 

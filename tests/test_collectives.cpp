@@ -266,11 +266,11 @@ TEST(Collectives, WorldSizeMismatchReportsHowManyJoined) {
   for (int r = 0; r < 3; ++r) {
     if (pid_t pid = fork(); pid == 0) {
       at::set_num_threads(1);
-      RendezvousOptions o;
-      o.rank = r;
-      o.world_size = 4;
-      o.store_path = dir.path + "/store";
-      o.timeout = std::chrono::milliseconds(1500);
+      auto o = RendezvousOptions()
+          .rank(r)
+          .world_size(4)
+          .store_path(dir.path + "/store")
+          .timeout(std::chrono::milliseconds(1500));
       try {
         Collectives::create(o);
       } catch (const CollectiveError& e) {
@@ -289,10 +289,10 @@ TEST(Collectives, WorldSizeMismatchReportsHowManyJoined) {
 }
 
 TEST(Collectives, RankOutOfRangeAndPortInUse) {
-  RendezvousOptions o;
-  o.rank = 4;
-  o.world_size = 4;
-  o.store_path = "/tmp/unused";
+  auto o = RendezvousOptions()
+      .rank(4)
+      .world_size(4)
+      .store_path("/tmp/unused");
   EXPECT_THROW(Collectives::create(o), std::invalid_argument);
   // Hold a port, then ask the store to serve on it.
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -304,12 +304,12 @@ TEST(Collectives, RankOutOfRangeAndPortInUse) {
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   const int port = ntohs(addr.sin_port);
-  RendezvousOptions t;
-  t.rank = 0;
-  t.world_size = 2;
-  t.host = "127.0.0.1";
-  t.port = port;
-  t.timeout = std::chrono::milliseconds(1000);
+  auto t = RendezvousOptions()
+      .rank(0)
+      .world_size(2)
+      .host("127.0.0.1")
+      .port(port)
+      .timeout(std::chrono::milliseconds(1000));
   try {
     Collectives::create(t);
     FAIL() << "expected the port to be refused";

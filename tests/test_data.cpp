@@ -27,7 +27,7 @@ TEST(RandomSampler, SequentialAndSeededShuffle) {
 TEST(DistributedSampler, PartitionCoversEverySampleOnceWhenDivisible) {
   std::multiset<int64_t> seen;
   for (int64_t r = 0; r < 4; ++r) {
-    DistributedSampler s(100, {4, r, true, 3, false});
+    DistributedSampler s(100, DistributedSampler::Options().num_replicas(4).rank(r).seed(3));
     EXPECT_EQ(s.size(), 25);
     for (auto i : s.indices()) seen.insert(i);
   }
@@ -39,7 +39,7 @@ TEST(DistributedSampler, PadsByRepeatingTheStartLikeTorch) {
   // 10 samples on 4 ranks: 12 slots, the first 2 indices of the order repeat.
   std::multiset<int64_t> seen;
   for (int64_t r = 0; r < 4; ++r) {
-    DistributedSampler s(10, {4, r, false, 0, false});
+    DistributedSampler s(10, DistributedSampler::Options().num_replicas(4).rank(r).shuffle(false));
     EXPECT_EQ(s.size(), 3);
     for (auto i : s.indices()) seen.insert(i);
   }
@@ -48,14 +48,14 @@ TEST(DistributedSampler, PadsByRepeatingTheStartLikeTorch) {
   EXPECT_EQ(seen.count(1), 2u);
   EXPECT_EQ(seen.count(9), 1u);
   // Rank 1 takes positions 1, 5, 9 of 0..9 padded with 0, 1.
-  DistributedSampler r1(10, {4, 1, false, 0, false});
+  DistributedSampler r1(10, DistributedSampler::Options().num_replicas(4).rank(1).shuffle(false));
   EXPECT_EQ(r1.indices(), (std::vector<int64_t>{1, 5, 9}));
 }
 
 TEST(DistributedSampler, DropLastCutsTheTail) {
   std::set<int64_t> seen;
   for (int64_t r = 0; r < 4; ++r) {
-    DistributedSampler s(10, {4, r, true, 1, true});
+    DistributedSampler s(10, DistributedSampler::Options().num_replicas(4).rank(r).seed(1).drop_last(true));
     EXPECT_EQ(s.size(), 2);
     for (auto i : s.indices()) EXPECT_TRUE(seen.insert(i).second);
   }
@@ -63,9 +63,9 @@ TEST(DistributedSampler, DropLastCutsTheTail) {
 }
 
 TEST(DistributedSampler, RejectsBadRanks) {
-  EXPECT_THROW(DistributedSampler(10, {0, 0, true, 0, false}), std::invalid_argument);
-  EXPECT_THROW(DistributedSampler(10, {2, 2, true, 0, false}), std::invalid_argument);
-  EXPECT_THROW(DistributedSampler(10, {2, -1, true, 0, false}), std::invalid_argument);
+  EXPECT_THROW(DistributedSampler(10, DistributedSampler::Options().num_replicas(0)), std::invalid_argument);
+  EXPECT_THROW(DistributedSampler(10, DistributedSampler::Options().num_replicas(2).rank(2)), std::invalid_argument);
+  EXPECT_THROW(DistributedSampler(10, DistributedSampler::Options().num_replicas(2).rank(-1)), std::invalid_argument);
 }
 
 TEST(DataLoader, BatchesInOrderWithDropLast) {

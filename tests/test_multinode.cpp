@@ -202,9 +202,7 @@ TEST(ClusterEnvironment, TheEnvironmentGivenToTheStrategyIsHeldAndAsked) {
   EXPECT_THROW(DDPStrategy(std::make_shared<CPUAccelerator>(), {0}), std::invalid_argument);
   TempDir dir;
   auto env = std::make_shared<CountingEnvironment>(dir.path + "/store");
-  ParallelOptions po;
-  po.cluster_environment = env;
-  po.timeout = std::chrono::milliseconds(20000);
+  auto po = ParallelOptions().cluster_environment(env).timeout(std::chrono::milliseconds(20000));
   auto strategy = std::make_shared<DDPStrategy>(std::make_shared<CPUAccelerator>(), std::vector<int64_t>{0}, nullptr,
                                                 nullptr, po);
   EXPECT_EQ(&strategy->cluster_environment(), env.get());
@@ -288,11 +286,11 @@ TEST(GlooInterface, LoopbackMainAddressStaysOnLoopback) {
 }
 
 TEST(GlooInterface, UnknownInterfaceNameListsTheInterfaces) {
-  RendezvousOptions o;
-  o.host = "127.0.0.1";
-  o.port = 0;  // the store takes a free port
-  o.socket_ifname = "nosuch0";
-  o.timeout = std::chrono::seconds(5);
+  auto o = RendezvousOptions()
+      .host("127.0.0.1")
+      .port(0)  // the store takes a free port
+      .socket_ifname("nosuch0")
+      .timeout(std::chrono::seconds(5));
   try {
     Collectives::create(o);
     FAIL() << "GLOO_SOCKET_IFNAME=nosuch0 was accepted";

@@ -1,9 +1,11 @@
 #include "public_api.h"
 #include "support.h"
 
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/plugins/precision/precision.h>
 #include <fulgur/strategies/ddp.h>
-#include <fulgur/strategies/xla.h>
 #include <fulgur/strategies/registry.h>
+#include <fulgur/strategies/xla.h>
 
 #include <gtest/gtest.h>
 
@@ -88,8 +90,7 @@ TEST(Options, ShardingSwitchAndLoggerFlushMustBeConsistent) {
   auto shards = std::make_shared<XLAStrategy>(std::vector<int64_t>{0, 1});
   expect_invalid([&] { Trainer t(TrainerOptions().strategy(shards).use_distributed_sampler(false)); },
                  {"use_distributed_sampler=false", "ParallelOptions::use_distributed_sampler"});
-  ParallelOptions as_given;
-  as_given.use_distributed_sampler = false;
+  auto as_given = ParallelOptions().use_distributed_sampler(false);
   auto unsharded = std::make_shared<XLAStrategy>(std::vector<int64_t>{0, 1}, nullptr, nullptr, as_given);
   Trainer t(TrainerOptions().strategy(unsharded).use_distributed_sampler(false));
   expect_invalid([] { CSVLogger l(CSVLoggerOptions(".").flush_logs_every_n_steps(0)); }, {"flush_logs_every_n_steps=0", ">= 1"});

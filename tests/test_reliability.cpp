@@ -5,6 +5,10 @@
 
 #include "support.h"
 
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/data/data_loader.h>
+#include <fulgur/launchers/launcher.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
 #include <fulgur/strategies/ddp.h>
 #include <fulgur/strategies/single_device.h>
@@ -385,8 +389,7 @@ TEST(Faults, DiskFullDuringASaveOnTwoRanksKeepsThePreviousCheckpointAndFailsEver
   TempDir dir;
   const std::string ck = dir.path + "/ck";
   auto io = std::make_shared<FaultyCheckpointIO>(std::make_shared<TorchCheckpointIO>(), 4, WriteFault::kDiskFull);
-  ParallelOptions po;
-  po.timeout = std::chrono::milliseconds(20000);
+  auto po = ParallelOptions().timeout(std::chrono::milliseconds(20000));
   auto strategy = std::make_shared<DDPStrategy>(std::make_shared<CPUAccelerator>(), std::vector<int64_t>{0, 1}, io,
                                                 nullptr, po);
   fulgur::testing::TinyRegression m;
@@ -672,9 +675,7 @@ namespace {
 struct Scheduled : fulgur::testing::TinyRegression {
   OptimizerConfig configure_optimizers() override {
     adam = std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(0.08));
-    SchedulerConfig s;
-    s.scheduler = std::make_shared<torch::optim::StepLR>(*adam, 2, 0.5);
-    s.interval = "step";
+    auto s = SchedulerConfig(std::make_shared<torch::optim::StepLR>(*adam, 2, 0.5)).interval("step");
     return OptimizerConfig({adam}, {s});
   }
   double lr() const { return adam->param_groups().at(0).options().get_lr(); }
@@ -1029,9 +1030,9 @@ bool wait_for_lines(const std::string& path, int64_t n, double seconds) {
 }
 
 std::shared_ptr<Strategy> two_cpu_workers(std::chrono::milliseconds stop_timeout = std::chrono::seconds(30)) {
-  ParallelOptions po;
-  po.timeout = std::chrono::seconds(90);  // no collective gives up before the signal's effect is seen
-  po.stop_timeout = stop_timeout;
+  auto po = ParallelOptions()
+      .timeout(std::chrono::seconds(90))  // no collective gives up before the signal's effect is seen
+      .stop_timeout(stop_timeout);
   return std::make_shared<DDPStrategy>(std::make_shared<CPUAccelerator>(), std::vector<int64_t>{0, 1}, nullptr,
                                        nullptr, po);
 }

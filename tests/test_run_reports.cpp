@@ -5,6 +5,7 @@
 #include "support.h"
 
 #include <fulgur/callbacks/model_summary.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/loggers/csv_logger.h>
 #include <fulgur/loggers/tensorboard_logger.h>
 
@@ -111,8 +112,8 @@ namespace {
 struct Dicts : TinyRegression {
   StepOutput training_step(const Batch& b, int64_t i) override {
     log_dict({{"a", torch::tensor(static_cast<double>(i))}, {"b", torch::tensor(2.0 * i)}},
-             LogOptions().with_on_step(false).with_on_epoch(true).with_reduce_fx("sum"));
-    log_dict(std::map<std::string, double>{{"hidden", 7.0}}, LogOptions().with_logger(false));
+             LogOptions().on_step(false).on_epoch(true).reduce_fx("sum"));
+    log_dict(std::map<std::string, double>{{"hidden", 7.0}}, LogOptions().logger(false));
     return TinyRegression::training_step(b, i);
   }
 };
@@ -121,14 +122,14 @@ struct Dicts : TinyRegression {
 struct RankZeroOnly : TinyRegression {
   StepOutput training_step(const Batch& b, int64_t i) override {
     log("who", static_cast<double>(trainer()->global_rank() + 1),
-        LogOptions().with_on_epoch(true).with_on_step(false).with_rank_zero_only(true));
+        LogOptions().on_epoch(true).on_step(false).rank_zero_only(true));
     return TinyRegression::training_step(b, i);
   }
 };
 
 struct RankZeroOnlySynced : TinyRegression {
   StepOutput training_step(const Batch& b, int64_t i) override {
-    log("x", 1.0, LogOptions().with_rank_zero_only(true).with_sync_dist(true));
+    log("x", 1.0, LogOptions().rank_zero_only(true).sync_dist(true));
     return TinyRegression::training_step(b, i);
   }
 };
@@ -251,10 +252,10 @@ TEST(ProgressBar, ShowsTheEtaOfTheEpoch) {
   TempDir dir;
   TinyRegression m;
   std::ostringstream out;
-  ProgressBarOptions po;
-  po.stream = &out;
-  po.terminal = false;
-  po.print_every = 1;
+  auto po = ProgressBarOptions()
+      .stream(&out)
+      .terminal(false)
+      .print_every(1);
   Trainer t(quiet(dir.path).max_epochs(1).enable_progress_bar(true).callbacks({std::make_shared<ProgressBar>(po)}));
   t.fit(m, loader(16, 4));
   const std::string text = out.str();

@@ -5,6 +5,10 @@
 #include "runtime/log.h"
 #include "runtime/threads.h"
 
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/data/data_loader.h>
+#include <fulgur/launchers/launcher.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/strategies/ddp.h>
 #include <fulgur/strategies/xla.h>
 
@@ -62,7 +66,7 @@ struct Checked : TinyRegression {
   std::string start_method;
   StepOutput training_step(const Batch& b, int64_t i) override {
     auto out = TinyRegression::training_step(b, i);
-    log("loss_mean", out.loss(), LogOptions().with_sync_dist(true));
+    log("loss_mean", out.loss(), LogOptions().sync_dist(true));
     return out;
   }
   void on_fit_start() override {
@@ -476,7 +480,7 @@ namespace {
 struct WithTestStep : TinyRegression {
   StepOutput test_step(const Batch& b, int64_t) override {
     auto loss = torch::mse_loss(forward(b.data), b.target);
-    log("test_loss", loss, LogOptions().with_sync_dist(true));
+    log("test_loss", loss, LogOptions().sync_dist(true));
     return loss;
   }
 };
@@ -813,7 +817,7 @@ TEST(Predict, WriterRefusesAnUnknownInterval) {
 // joins the process group, after which the collectives span the ranks.
 TEST(Strategies, AStrategyWithoutATrainerRunsCollectivesOnceLaunched) {
   DDPStrategy s(std::make_shared<CPUAccelerator>(), {0, 1}, nullptr, nullptr,
-                ParallelOptions{std::chrono::milliseconds(20000)});
+                ParallelOptions().timeout(std::chrono::milliseconds(20000)));
   EXPECT_EQ(s.world_size(), 1);
   EXPECT_EQ(s.global_rank(), 0);
   EXPECT_TRUE(torch::equal(s.reduce(torch::full({2}, 3.0), "sum"), torch::full({2}, 3.0)));

@@ -226,8 +226,8 @@ TEST(Loops, ManualOptimization) {
 // Logs known values so the aggregates can be checked by hand.
 struct Logs : TinyRegression {
   StepOutput training_step(const Batch& b, int64_t i) override {
-    log("k", static_cast<double>(i), LogOptions().with_on_step(true).with_on_epoch(true));
-    log("kmax", static_cast<double>(i), LogOptions().with_on_step(false).with_on_epoch(true).with_reduce_fx("max"));
+    log("k", static_cast<double>(i), LogOptions().on_step(true).on_epoch(true));
+    log("kmax", static_cast<double>(i), LogOptions().on_step(false).on_epoch(true).reduce_fx("max"));
     return TinyRegression::training_step(b, i);
   }
 };
@@ -341,10 +341,10 @@ TEST(Logging, NonScalarValueIsRefused) {
 TEST(ProgressBar, PlainLinesOffATerminal) {
   TempDir dir;
   std::ostringstream out;
-  ProgressBarOptions po;
-  po.stream = &out;
-  po.terminal = false;
-  po.print_every = 2;
+  auto po = ProgressBarOptions()
+      .stream(&out)
+      .terminal(false)
+      .print_every(2);
   TinyRegression m;
   Trainer t(quiet(dir.path).max_epochs(1).enable_checkpointing(false).callbacks({std::make_shared<ProgressBar>(po)}));
   t.fit(m, loader(32, 8));
@@ -358,9 +358,9 @@ TEST(ProgressBar, PlainLinesOffATerminal) {
 TEST(ProgressBar, RedrawsOneLineOnATerminal) {
   TempDir dir;
   std::ostringstream out;
-  ProgressBarOptions po;
-  po.stream = &out;
-  po.terminal = true;
+  auto po = ProgressBarOptions()
+      .stream(&out)
+      .terminal(true);
   TinyRegression m;
   Trainer t(quiet(dir.path).max_epochs(1).enable_checkpointing(false).callbacks({std::make_shared<ProgressBar>(po)}));
   t.fit(m, loader(32, 8));

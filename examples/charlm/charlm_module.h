@@ -133,12 +133,12 @@ struct CharLM : fulgur::LightningModule {
 
   fulgur::StepOutput training_step(const fulgur::Batch& batch, int64_t) override {
     auto l = loss(batch);
-    log("train_loss", l, fulgur::LogOptions().with_prog_bar(true));
+    log("train_loss", l, fulgur::LogOptions().prog_bar(true));
     return l;
   }
 
   fulgur::StepOutput validation_step(const fulgur::Batch& batch, int64_t) override {
-    log("val_loss", loss(batch), fulgur::LogOptions().with_prog_bar(true).with_sync_dist(true));
+    log("val_loss", loss(batch), fulgur::LogOptions().prog_bar(true).sync_dist(true));
     return {};
   }
 

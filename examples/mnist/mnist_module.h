@@ -22,7 +22,7 @@ struct Classifier : fulgur::LightningModule {
 
   fulgur::StepOutput training_step(const fulgur::Batch& batch, int64_t) override {
     auto loss = torch::cross_entropy_loss(forward(batch.data), batch.target);
-    log("train_loss", loss, fulgur::LogOptions().with_prog_bar(true));
+    log("train_loss", loss, fulgur::LogOptions().prog_bar(true));
     return loss;
   }
 
@@ -30,16 +30,16 @@ struct Classifier : fulgur::LightningModule {
     auto logits = forward(batch.data);
     auto loss = torch::cross_entropy_loss(logits, batch.target);
     auto acc = logits.argmax(1).eq(batch.target).to(torch::kFloat32).mean();
-    log("val_loss", loss, fulgur::LogOptions().with_prog_bar(true).with_sync_dist(true));
-    log("val_acc", acc, fulgur::LogOptions().with_prog_bar(true).with_sync_dist(true));
+    log("val_loss", loss, fulgur::LogOptions().prog_bar(true).sync_dist(true));
+    log("val_acc", acc, fulgur::LogOptions().prog_bar(true).sync_dist(true));
     return loss;
   }
 
   fulgur::StepOutput test_step(const fulgur::Batch& batch, int64_t) override {
     auto logits = forward(batch.data);
     auto acc = logits.argmax(1).eq(batch.target).to(torch::kFloat32).mean();
-    log("test_loss", torch::cross_entropy_loss(logits, batch.target), fulgur::LogOptions().with_sync_dist(true));
-    log("test_acc", acc, fulgur::LogOptions().with_sync_dist(true));
+    log("test_loss", torch::cross_entropy_loss(logits, batch.target), fulgur::LogOptions().sync_dist(true));
+    log("test_acc", acc, fulgur::LogOptions().sync_dist(true));
     return {};
   }
 

@@ -1,12 +1,27 @@
 #pragma once
-// State dicts, and reading checkpoints outside a Trainer.
+// The checkpoint dict, state dicts, and reading checkpoints outside a Trainer.
 
-#include <fulgur/lightning_module.h>
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
 
 #include <string>
 #include <vector>
 
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
+
 namespace fulgur {
+
+// A checkpoint: Lightning's dict layout (see docs/ARCHITECTURE.md, "Checkpoints").
+using Checkpoint = c10::Dict<std::string, c10::IValue>;
+
+// An empty dict of string keys and any values (c10::Dict<std::string,
+// c10::IValue> has no default constructor).
+inline c10::Dict<std::string, c10::IValue> make_dict() {
+  return c10::impl::toTypedDict<std::string, c10::IValue>(
+      c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+}
 
 // Copies `state` into the module's parameters and buffers (by their dotted
 // names, as torch.nn names them). With strict, a missing or unexpected key or

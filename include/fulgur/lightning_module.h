@@ -6,7 +6,7 @@
 //     Net() { fc = register_module("fc", torch::nn::Linear(784, 10)); }
 //     fulgur::StepOutput training_step(const fulgur::Batch& b, int64_t) override {
 //       auto loss = torch::nll_loss(torch::log_softmax(fc(b.data.flatten(1)), 1), b.target);
-//       log("train_loss", loss, fulgur::LogOptions().with_prog_bar(true));
+//       log("train_loss", loss, fulgur::LogOptions().prog_bar(true));
 //       return loss;
 //     }
 //     fulgur::OptimizerConfig configure_optimizers() override {
@@ -15,19 +15,19 @@
 //     torch::nn::Linear fc{nullptr};
 //   };
 
+#include <fulgur/checkpoint.h>
+#include <fulgur/optimizer_config.h>
 #include <fulgur/types.h>
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
-#include <torch/optim/schedulers/lr_scheduler.h>
 
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace fulgur {
@@ -36,42 +36,6 @@ class Trainer;
 namespace detail {
 struct TrainerImpl;
 }
-
-// A checkpoint: Lightning's dict layout (see docs/ARCHITECTURE.md, "Checkpoints").
-using Checkpoint = c10::Dict<std::string, c10::IValue>;
-
-// An empty dict of string keys and any values (c10::Dict<std::string,
-// c10::IValue> has no default constructor).
-inline c10::Dict<std::string, c10::IValue> make_dict() {
-  return c10::impl::toTypedDict<std::string, c10::IValue>(
-      c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
-}
-
-struct SchedulerConfig {
-  std::shared_ptr<torch::optim::LRScheduler> scheduler;
-  // When the scheduler steps: after every `frequency` optimizer steps ("step")
-  // or after every `frequency` epochs ("epoch").
-  std::string interval = "epoch";
-  int64_t frequency = 1;
-  // Which optimizer of OptimizerConfig::optimizers the scheduler drives.
-  int64_t optimizer_index = 0;
-  // Name used by LearningRateMonitor; default "lr-<Optimizer>".
-  std::string name;
-};
-
-// What configure_optimizers returns: one or several optimizers and their
-// schedulers.
-struct OptimizerConfig {
-  OptimizerConfig() = default;
-  template <typename O, typename = std::enable_if_t<std::is_base_of_v<torch::optim::Optimizer, O>>>
-  OptimizerConfig(std::shared_ptr<O> optimizer)  // NOLINT: returning an optimizer is enough, as in Lightning
-      : optimizers{std::move(optimizer)} {}
-  OptimizerConfig(std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers,
-                  std::vector<SchedulerConfig> schedulers = {});
-
-  std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers;
-  std::vector<SchedulerConfig> schedulers;
-};
 
 // An optimizer as a module sees it under manual optimization: step() goes
 // through the strategy (gradient sync, precision, step mark on xla devices).
@@ -127,7 +91,7 @@ class LightningModule : public torch::nn::Module {
   void log(const std::string& name, const at::Tensor& value, LogOptions options = {});
   void log(const std::string& name, double value, LogOptions options = {});
   // Lightning's log_dict: log(name, value, options) for each entry, in key
-  // order. Example: log_dict({{"loss", loss}, {"acc", acc}}, LogOptions().with_prog_bar(true));
+  // order. Example: log_dict({{"loss", loss}, {"acc", acc}}, LogOptions().prog_bar(true));
   void log_dict(const std::map<std::string, at::Tensor>& values, const LogOptions& options = {});
   void log_dict(const std::map<std::string, double>& values, const LogOptions& options = {});
 

@@ -1,11 +1,16 @@
 #pragma once
 // Moving a module's parameters and buffers to a device.
 
-#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <torch/nn/module.h>
 
 #include <functional>
+
+namespace at {
+class Tensor;
+}  // namespace at
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
 
 namespace fulgur {
 

@@ -9,10 +9,7 @@
 //   trainer.fit(model, datamodule);
 //   auto metrics = trainer.test(model, datamodule);
 
-#include <fulgur/callbacks/callback.h>
-#include <fulgur/data_module.h>
-#include <fulgur/lightning_module.h>
-#include <fulgur/loggers/logger.h>
+#include <fulgur/checkpoint.h>
 
 #include <torch/arg.h>
 
@@ -28,8 +25,14 @@
 
 namespace fulgur {
 
-class Strategy;
+class BatchSource;
+class Callback;
+class DataModule;
+class LightningModule;
+class Logger;
 class ModelCheckpoint;
+struct OptimizerConfig;
+class Strategy;
 class Trainer;
 namespace detail {
 struct TrainerImpl;
@@ -102,19 +105,21 @@ class LoggerChoice {
 };
 
 struct TrainerOptions {
+  // The other two forms of `devices` below (Lightning's devices=2 and
+  // devices=[0, 1]); both set the string.
+  // A count: devices(2) is devices("2").
+  TrainerOptions& devices(int64_t n);
+  // Device indices: devices(std::vector<int64_t>{0, 1}) is devices("0,1"),
+  // and {1} is devices("1,") (index 1, not a count). Duplicates, negatives
+  // and indices the accelerator does not have are refused by the Trainer's
+  // constructor, naming the value and the range.
+  TrainerOptions& devices(const std::vector<int64_t>& indices);
+
   // "cpu", "xla" or "auto".
   TORCH_ARG(std::string, accelerator) = "auto";
-  // "auto", a count "2", or indices "0,1" (one index: "1,", as in Lightning).
+  // "auto", a count "2", or indices "0,1" (one index: "1,", as in Lightning);
+  // or the int and vector forms above.
   TORCH_ARG(std::string, devices) = "auto";
-
- public:
-  // A count: devices(2) is devices("2").
-  TrainerOptions& devices(int64_t n) { devices_ = std::to_string(n); return *this; }
-  // Device indices, Lightning's devices=[0, 1]: devices(std::vector<int64_t>{0, 1})
-  // is devices("0,1"), and {1} is devices("1,") (index 1, not a count).
-  // Duplicates, negatives and indices the accelerator does not have are
-  // refused by the Trainer's constructor, naming the value and the range.
-  TrainerOptions& devices(const std::vector<int64_t>& indices);
   // A name: "auto", "single_device", "single_xla", "ddp", "xla", "xla_debug";
   // or a configured Strategy object, which overrides `accelerator`,
   // `devices`, `precision`, `num_nodes`, `start_method` and

@@ -3,6 +3,7 @@
 // how a value is logged, and the training stage.
 
 #include <ATen/core/Tensor.h>
+#include <torch/arg.h>
 
 #include <cstdint>
 #include <map>
@@ -52,33 +53,28 @@ const char* to_string(Stage stage);
 // defaults for the hook they are called from: in training_step
 // on_step=true, on_epoch=false; in validation/test steps on_step=false,
 // on_epoch=true.
+//
+// Example:
+//   log("train_loss", loss, fulgur::LogOptions().prog_bar(true));
+//   log("val_acc", acc, fulgur::LogOptions().sync_dist(true).on_step(false));
 struct LogOptions {
-  std::optional<bool> on_step;
-  std::optional<bool> on_epoch;
+  TORCH_ARG(std::optional<bool>, on_step) = std::nullopt;
+  TORCH_ARG(std::optional<bool>, on_epoch) = std::nullopt;
   // Show the value in the progress bar.
-  bool prog_bar = false;
+  TORCH_ARG(bool, prog_bar) = false;
   // Send the value to the logger (metrics.csv).
-  bool logger = true;
+  TORCH_ARG(bool, logger) = true;
   // Reduce the value across ranks (one collective per logged value).
-  bool sync_dist = false;
+  TORCH_ARG(bool, sync_dist) = false;
   // How on_epoch values are aggregated over the epoch: "mean", "sum", "max", "min".
-  std::string reduce_fx = "mean";
+  TORCH_ARG(std::string, reduce_fx) = "mean";
   // Weight of this value in the epoch mean; default: the batch's first dimension.
-  std::optional<int64_t> batch_size;
+  TORCH_ARG(std::optional<int64_t>, batch_size) = std::nullopt;
   // The value is logged from global rank 0 only (as Lightning's
   // rank_zero_only=True): calls on other ranks are ignored, so those ranks'
   // callbacks cannot monitor it. Cannot be combined with sync_dist, whose
   // collective the other ranks would never join.
-  bool rank_zero_only = false;
-
-  LogOptions& with_on_step(bool v) { on_step = v; return *this; }
-  LogOptions& with_on_epoch(bool v) { on_epoch = v; return *this; }
-  LogOptions& with_prog_bar(bool v) { prog_bar = v; return *this; }
-  LogOptions& with_logger(bool v) { logger = v; return *this; }
-  LogOptions& with_sync_dist(bool v) { sync_dist = v; return *this; }
-  LogOptions& with_reduce_fx(std::string v) { reduce_fx = std::move(v); return *this; }
-  LogOptions& with_batch_size(int64_t v) { batch_size = v; return *this; }
-  LogOptions& with_rank_zero_only(bool v) { rank_zero_only = v; return *this; }
+  TORCH_ARG(bool, rank_zero_only) = false;
 };
 
 }  // namespace fulgur

@@ -1,4 +1,5 @@
 #include <fulgur/callbacks/early_stopping.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 

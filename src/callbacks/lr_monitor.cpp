@@ -1,4 +1,6 @@
 #include <fulgur/callbacks/lr_monitor.h>
+#include <fulgur/lightning_module.h>
+#include <fulgur/loggers/logger.h>
 #include <fulgur/trainer.h>
 
 #include "optim/optim_state.h"
@@ -31,7 +33,7 @@ void LearningRateMonitor::log_lrs(Trainer& trainer) {
   for (size_t i = 0; i < cfg.optimizers.size(); ++i) {
     std::string name = "lr-" + optimizer_name(*cfg.optimizers[i]);
     for (const auto& s : cfg.schedulers)
-      if (s.optimizer_index == static_cast<int64_t>(i) && !s.name.empty()) name = s.name;
+      if (s.optimizer_index() == static_cast<int64_t>(i) && !s.name().empty()) name = s.name();
     if (int n = seen[name]++; n > 0) name += "-" + std::to_string(n);
     const auto& groups = cfg.optimizers[i]->param_groups();
     for (size_t g = 0; g < groups.size(); ++g) {

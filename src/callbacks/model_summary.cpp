@@ -1,4 +1,5 @@
 #include <fulgur/callbacks/model_summary.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/trainer.h>
 
 #include "runtime/log.h"

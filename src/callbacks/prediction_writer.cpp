@@ -1,4 +1,5 @@
 #include <fulgur/callbacks/prediction_writer.h>
+#include <fulgur/lightning_module.h>
 
 #include <fulgur/trainer.h>
 

@@ -1,4 +1,5 @@
 #include <fulgur/callbacks/progress_bar.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/trainer.h>
 
 #include <unistd.h>
@@ -22,9 +23,9 @@ std::string fmt(double v) {
 }  // namespace
 
 ProgressBar::ProgressBar(ProgressBarOptions options)
-    : options_(options), terminal_(options.terminal.value_or(::isatty(STDOUT_FILENO) == 1)) {}
+    : options_(options), terminal_(options.terminal().value_or(::isatty(STDOUT_FILENO) == 1)) {}
 
-std::ostream& ProgressBar::out() const { return options_.stream ? *options_.stream : std::cout; }
+std::ostream& ProgressBar::out() const { return options_.stream() ? *options_.stream() : std::cout; }
 
 std::string ProgressBar::render(Trainer& trainer, int64_t batch_idx, int64_t total) const {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_).count();
@@ -65,13 +66,13 @@ void ProgressBar::on_train_batch_end(Trainer& trainer, LightningModule&, const S
   if (terminal_) {
     // Redraw at most every 100 ms (reading metrics is a host sync on xla devices).
     const auto now = std::chrono::steady_clock::now();
-    const bool due = options_.print_every > 0 ? done % options_.print_every == 0 : now - last_draw_ >= kRedraw;
+    const bool due = options_.print_every() > 0 ? done % options_.print_every() == 0 : now - last_draw_ >= kRedraw;
     if (!due && done != total) return;
     last_draw_ = now;
     out() << "\r" << render(trainer, done, total) << "\033[K" << std::flush;
     return;
   }
-  const int64_t every = options_.print_every > 0 ? options_.print_every : std::max<int64_t>(1, total / 10);
+  const int64_t every = options_.print_every() > 0 ? options_.print_every() : std::max<int64_t>(1, total / 10);
   if (done % every == 0 || done == total) out() << render(trainer, done, total) << "\n" << std::flush;
 }
 

@@ -171,58 +171,58 @@ class GlooPending : public PendingReduce {
 class GlooCollectives : public Collectives {
  public:
   explicit GlooCollectives(const RendezvousOptions& o) : opts_(o) {
-    if (o.world_size < 1) throw std::invalid_argument("world_size=" + std::to_string(o.world_size) + " must be >= 1");
-    if (o.rank < 0 || o.rank >= o.world_size) {
-      throw std::invalid_argument("rank " + std::to_string(o.rank) + " is outside [0, " + std::to_string(o.world_size) +
-                                  ") for world_size " + std::to_string(o.world_size));
+    if (o.world_size() < 1) throw std::invalid_argument("world_size=" + std::to_string(o.world_size()) + " must be >= 1");
+    if (o.rank() < 0 || o.rank() >= o.world_size()) {
+      throw std::invalid_argument("rank " + std::to_string(o.rank()) + " is outside [0, " + std::to_string(o.world_size()) +
+                                  ") for world_size " + std::to_string(o.world_size()));
     }
-    const std::string where = o.store_path.empty() ? o.host + ":" + std::to_string(o.port) : "file " + o.store_path;
+    const std::string where = o.store_path().empty() ? o.host() + ":" + std::to_string(o.port()) : "file " + o.store_path();
     try {
-      if (!o.store_path.empty()) {
-        store_ = c10::make_intrusive<::c10d::FileStore>(o.store_path, static_cast<int>(o.world_size));
-        store_->setTimeout(o.timeout);
+      if (!o.store_path().empty()) {
+        store_ = c10::make_intrusive<::c10d::FileStore>(o.store_path(), static_cast<int>(o.world_size()));
+        store_->setTimeout(o.timeout());
       } else {
         ::c10d::TCPStoreOptions so;
-        so.port = static_cast<uint16_t>(o.port);
-        so.isServer = o.rank == 0 && !o.store_served_externally;
-        so.numWorkers = static_cast<size_t>(o.world_size);
+        so.port = static_cast<uint16_t>(o.port());
+        so.isServer = o.rank() == 0 && !o.store_served_externally();
+        so.numWorkers = static_cast<size_t>(o.world_size());
         so.waitWorkers = false;
-        so.timeout = o.timeout;
-        std::string prefix = o.store_prefix;
-        store_ = shared_tcp_store(o.host, so, prefix);
-        store_->setTimeout(o.timeout);
+        so.timeout = o.timeout();
+        std::string prefix = o.store_prefix();
+        store_ = shared_tcp_store(o.host(), so, prefix);
+        store_->setTimeout(o.timeout());
         if (!prefix.empty()) store_ = c10::make_intrusive<::c10d::PrefixStore>(prefix, store_);
       }
-      if (!o.store_path.empty() && !o.store_prefix.empty()) {
-        store_ = c10::make_intrusive<::c10d::PrefixStore>(o.store_prefix, store_);
+      if (!o.store_path().empty() && !o.store_prefix().empty()) {
+        store_ = c10::make_intrusive<::c10d::PrefixStore>(o.store_prefix(), store_);
       }
       // libtorch 1.13's TCP client reads the store's replies without a
       // timeout until a wait() puts one on its socket, where it stays. A
       // first wait, on a key of this rank's own, bounds every later reply by
-      // o.timeout: a program that holds the port (accepts, never answers)
+      // o.timeout(): a program that holds the port (accepts, never answers)
       // then fails this rank within the timeout instead of holding it forever.
-      const std::string hello = "fulgur/hello/" + std::to_string(o.rank);
+      const std::string hello = "fulgur/hello/" + std::to_string(o.rank());
       store_->set(hello, std::vector<uint8_t>{1});
       store_->wait({hello});
     } catch (const std::exception& e) {
       const std::string msg = first_line(e.what());
       if (msg.find("in use") != std::string::npos || msg.find("bind") != std::string::npos) {
-        throw CollectiveError("rendezvous: cannot serve the store on port " + std::to_string(o.port) +
+        throw CollectiveError("rendezvous: cannot serve the store on port " + std::to_string(o.port()) +
                               ": the port is in use by another process (" + msg + "); choose another MASTER_PORT");
       }
       if (msg.find("imeout") != std::string::npos || msg.find("imed out") != std::string::npos) {
         throw CollectiveError("rendezvous: the store at " + where + " did not answer within " +
-                              std::to_string(o.timeout.count()) + " ms (" + msg +
+                              std::to_string(o.timeout().count()) + " ms (" + msg +
                               "); is another program holding that port, or is rank 0 stuck?");
       }
       throw CollectiveError("rendezvous: cannot reach the store at " + where + ": " + msg);
     }
     // Count arrivals and catch duplicate ranks before the Gloo mesh forms.
-    const int64_t dup = store_->add("fulgur/rank/" + std::to_string(o.rank), 1);
+    const int64_t dup = store_->add("fulgur/rank/" + std::to_string(o.rank()), 1);
     store_->add("fulgur/joined", 1);
     if (dup > 1) {
-      throw CollectiveError("rendezvous: rank " + std::to_string(o.rank) + " joined twice (two processes were given RANK=" +
-                            std::to_string(o.rank) + "); every rank in [0, " + std::to_string(o.world_size) +
+      throw CollectiveError("rendezvous: rank " + std::to_string(o.rank()) + " joined twice (two processes were given RANK=" +
+                            std::to_string(o.rank()) + "); every rank in [0, " + std::to_string(o.world_size()) +
                             ") must be used once");
     }
     connect();
@@ -230,8 +230,8 @@ class GlooCollectives : public Collectives {
 
   ~GlooCollectives() override { shutdown(); }
 
-  int64_t rank() const override { return opts_.rank; }
-  int64_t world_size() const override { return opts_.world_size; }
+  int64_t rank() const override { return opts_.rank(); }
+  int64_t world_size() const override { return opts_.world_size(); }
 
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
     check(make_call(kAllReduce, &tensor, 0, ""));
@@ -241,7 +241,7 @@ class GlooCollectives : public Collectives {
     ::c10d::AllreduceOptions ao;
     ao.reduceOp = to_c10d(op);
     run("all_reduce", [&] { return pg_->allreduce(ts, ao); });
-    if (op == ReduceOp::kMean) cpu.div_(static_cast<double>(opts_.world_size));
+    if (op == ReduceOp::kMean) cpu.div_(static_cast<double>(opts_.world_size()));
     if (op == ReduceOp::kMean && !tensor.is_floating_point()) {
       tensor = cpu.to(tensor.device());
     } else if (!cpu.is_same(tensor)) {
@@ -252,7 +252,7 @@ class GlooCollectives : public Collectives {
   std::unique_ptr<PendingReduce> all_reduce_async(at::Tensor& tensor, ReduceOp op) override {
     if (!tensor.device().is_cpu()) throw std::invalid_argument("all_reduce_async needs a CPU tensor, got " + tensor.device().str());
     if (op == ReduceOp::kMean) throw std::invalid_argument("all_reduce_async: Gloo has no mean; use kSum and divide");
-    if (opts_.debug) check(make_call(kAllReduce, &tensor, 0, "async"));
+    if (opts_.debug()) check(make_call(kAllReduce, &tensor, 0, "async"));
     ensure_alive("all_reduce");
     std::vector<at::Tensor> ts{tensor};
     ::c10d::AllreduceOptions ao;
@@ -265,7 +265,7 @@ class GlooCollectives : public Collectives {
     check(make_call(kAllGather, &tensor, 0, ""));
     at::Tensor cpu = staged(tensor).contiguous();
     std::vector<std::vector<at::Tensor>> out(1);
-    for (int64_t r = 0; r < opts_.world_size; ++r) out[0].push_back(torch::empty_like(cpu));
+    for (int64_t r = 0; r < opts_.world_size(); ++r) out[0].push_back(torch::empty_like(cpu));
     std::vector<at::Tensor> in{cpu};
     run("all_gather", [&] { return pg_->allgather(out, in); });
     return torch::stack(out[0]).to(tensor.device());
@@ -283,7 +283,7 @@ class GlooCollectives : public Collectives {
     check(make_call(kBroadcastObject, nullptr, src, ""));
     check_src(src, "broadcast_object");
     std::vector<char> bytes;
-    if (opts_.rank == src) bytes = torch::pickle_save(value);
+    if (opts_.rank() == src) bytes = torch::pickle_save(value);
     auto len = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
     broadcast_unchecked(len, src);
     const int64_t n = len.item<int64_t>();
@@ -292,9 +292,9 @@ class GlooCollectives : public Collectives {
                             " bytes, outside [0, " + std::to_string(kMaxObjectBytes) + "]");
     }
     auto payload = torch::empty({n}, torch::kUInt8);
-    if (opts_.rank == src) std::memcpy(payload.data_ptr(), bytes.data(), bytes.size());
+    if (opts_.rank() == src) std::memcpy(payload.data_ptr(), bytes.data(), bytes.size());
     broadcast_unchecked(payload, src);
-    if (opts_.rank == src) return value;
+    if (opts_.rank() == src) return value;
     try {
       return detail::load_torch_archive(static_cast<const uint8_t*>(payload.data_ptr()), static_cast<size_t>(n),
                                         "the broadcast_object payload of rank " + std::to_string(src));
@@ -322,7 +322,7 @@ class GlooCollectives : public Collectives {
     std::ostringstream os;
     os << what << " (collective #" << seq << ") ";
     if (timeout) {
-      os << "timed out after " << opts_.timeout.count() << " ms";
+      os << "timed out after " << opts_.timeout().count() << " ms";
     } else {
       os << "failed: a peer left or broke the connection";
     }
@@ -355,22 +355,22 @@ class GlooCollectives : public Collectives {
   // address given, the interfaces named, or the interface reaching the store.
   std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices() const {
     using PG = ::c10d::ProcessGroupGloo;
-    const bool single_node = !opts_.store_path.empty();
+    const bool single_node = !opts_.store_path().empty();
     std::string what;
     try {
-      if (!opts_.bind_address.empty() && !single_node) {
-        what = "FULGUR_BIND_ADDRESS='" + opts_.bind_address + "'";
-        return {PG::createDeviceForHostname(opts_.bind_address)};
+      if (!opts_.bind_address().empty() && !single_node) {
+        what = "FULGUR_BIND_ADDRESS='" + opts_.bind_address() + "'";
+        return {PG::createDeviceForHostname(opts_.bind_address())};
       }
-      if (!opts_.socket_ifname.empty() && !single_node) {
+      if (!opts_.socket_ifname().empty() && !single_node) {
         const std::vector<std::string> known = detail::interface_names();
         std::vector<std::shared_ptr<::gloo::transport::Device>> out;
-        std::stringstream names(opts_.socket_ifname);
+        std::stringstream names(opts_.socket_ifname());
         for (std::string name; std::getline(names, name, ',');) {
           if (std::find(known.begin(), known.end(), name) == known.end()) {
             std::string list;
             for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-            throw std::invalid_argument("GLOO_SOCKET_IFNAME='" + opts_.socket_ifname + "': this machine has no interface '" +
+            throw std::invalid_argument("GLOO_SOCKET_IFNAME='" + opts_.socket_ifname() + "': this machine has no interface '" +
                                         name + "' with an address; interfaces: " + list);
           }
           what = "GLOO_SOCKET_IFNAME interface '" + name + "'";
@@ -378,12 +378,12 @@ class GlooCollectives : public Collectives {
         }
         return out;
       }
-      if (single_node || detail::is_loopback_host(opts_.host)) {
+      if (single_node || detail::is_loopback_host(opts_.host())) {
         what = "127.0.0.1";
         return {PG::createDeviceForHostname("127.0.0.1")};
       }
-      const detail::LocalInterface iface = detail::interface_toward(opts_.host);
-      what = "interface " + iface.name + " (" + iface.address + ", the one reaching MASTER_ADDR='" + opts_.host + "')";
+      const detail::LocalInterface iface = detail::interface_toward(opts_.host());
+      what = "interface " + iface.name + " (" + iface.address + ", the one reaching MASTER_ADDR='" + opts_.host() + "')";
       return {PG::createDeviceForHostname(iface.address)};
     } catch (const std::invalid_argument&) {
       throw;
@@ -395,12 +395,12 @@ class GlooCollectives : public Collectives {
 
   void connect() {
     auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("fulgur/pg", store_);
-    auto go = ::c10d::ProcessGroupGloo::Options::create(opts_.timeout);
+    auto go = ::c10d::ProcessGroupGloo::Options::create(opts_.timeout());
     go->threads = 1;
     go->devices = gloo_devices();
     try {
-      pg_ = c10::make_intrusive<::c10d::ProcessGroupGloo>(prefixed, static_cast<int>(opts_.rank),
-                                                          static_cast<int>(opts_.world_size), go);
+      pg_ = c10::make_intrusive<::c10d::ProcessGroupGloo>(prefixed, static_cast<int>(opts_.rank()),
+                                                          static_cast<int>(opts_.world_size()), go);
     } catch (const std::exception& e) {
       int64_t joined = -1;
       try {
@@ -408,10 +408,10 @@ class GlooCollectives : public Collectives {
       } catch (...) {
       }
       std::ostringstream os;
-      os << "rendezvous failed after " << opts_.timeout.count() << " ms: ";
-      if (joined >= 0) os << joined << "/" << opts_.world_size << " joined";
+      os << "rendezvous failed after " << opts_.timeout().count() << " ms: ";
+      if (joined >= 0) os << joined << "/" << opts_.world_size() << " joined";
       else os << "the store did not answer";
-      os << " (rank " << opts_.rank << ", world_size " << opts_.world_size << "); check WORLD_SIZE and that every rank "
+      os << " (rank " << opts_.rank() << ", world_size " << opts_.world_size() << "); check WORLD_SIZE and that every rank "
          << "was started; cause: " << first_line(e.what());
       throw CollectiveError(os.str());
     }
@@ -422,9 +422,9 @@ class GlooCollectives : public Collectives {
   }
 
   void check_src(int64_t src, const char* what) {
-    if (src < 0 || src >= opts_.world_size) {
+    if (src < 0 || src >= opts_.world_size()) {
       throw std::invalid_argument(std::string(what) + ": src=" + std::to_string(src) + " is outside [0, " +
-                                  std::to_string(opts_.world_size) + ")");
+                                  std::to_string(opts_.world_size()) + ")");
     }
   }
 
@@ -455,19 +455,19 @@ class GlooCollectives : public Collectives {
   // differ. Failures of the gather itself name the call (a barrier by name).
   void check(const Call& mine) {
     const std::string label = mine.op == kBarrier ? describe(mine) : op_name(mine.op);
-    if (opts_.debug) std::cerr << "[fulgur debug] rank " << opts_.rank << ": " << describe(mine) << std::endl;
-    if (opts_.world_size == 1) return;
+    if (opts_.debug()) std::cerr << "[fulgur debug] rank " << opts_.rank() << ": " << describe(mine) << std::endl;
+    if (opts_.world_size() == 1) return;
     const Meta meta = make_meta(mine);
     const std::vector<at::Tensor> metas = gather_bytes(label, &meta, sizeof(Meta));
-    std::vector<Meta> all(opts_.world_size);
-    for (int64_t r = 0; r < opts_.world_size; ++r) std::memcpy(&all[r], metas[r].data_ptr(), sizeof(Meta));
+    std::vector<Meta> all(opts_.world_size());
+    for (int64_t r = 0; r < opts_.world_size(); ++r) std::memcpy(&all[r], metas[r].data_ptr(), sizeof(Meta));
     std::vector<Call> calls;
     if (std::all_of(all.begin(), all.end(), fits_inline)) {
       for (const auto& m : all) calls.push_back(from_meta(m));
     } else {
       calls = gather_full_calls(label, mine, all);
     }
-    for (int64_t r = 1; r < opts_.world_size; ++r) {
+    for (int64_t r = 1; r < opts_.world_size(); ++r) {
       if (same(calls[0], calls[r])) continue;
       std::ostringstream os;
       os << "ranks disagree on the collective: rank 0 called " << describe(calls[0]) << ", rank " << r << " called "
@@ -485,7 +485,7 @@ class GlooCollectives : public Collectives {
     auto in = torch::zeros({words}, torch::kInt64);
     std::memcpy(in.data_ptr(), data, n);
     std::vector<std::vector<at::Tensor>> out(1);
-    for (int64_t r = 0; r < opts_.world_size; ++r) out[0].push_back(torch::empty({words}, torch::kInt64));
+    for (int64_t r = 0; r < opts_.world_size(); ++r) out[0].push_back(torch::empty({words}, torch::kInt64));
     std::vector<at::Tensor> ins{in};
     run(label, [&] { return pg_->allgather(out, ins); });
     return out[0];
@@ -505,7 +505,7 @@ class GlooCollectives : public Collectives {
     std::memcpy(buf.data() + mine.dims.size() * 8, mine.name.data(), mine.name.size());
     const std::vector<at::Tensor> full = gather_bytes(label, buf.data(), buf.size());
     std::vector<Call> calls;
-    for (int64_t r = 0; r < opts_.world_size; ++r) {
+    for (int64_t r = 0; r < opts_.world_size(); ++r) {
       Call c = from_meta(all[r]);
       const char* p = static_cast<const char*>(full[r].data_ptr());
       c.dims.resize(all[r].ndim);
@@ -524,13 +524,13 @@ class GlooCollectives : public Collectives {
     if (!store_) return "ranks that did not arrive: unknown";
     try {
       const std::string prefix = "fulgur/failed/";
-      store_->set(prefix + std::to_string(opts_.rank), std::vector<uint8_t>{1});
+      store_->set(prefix + std::to_string(opts_.rank()), std::vector<uint8_t>{1});
       const auto deadline = std::chrono::steady_clock::now() +
-                            std::min<std::chrono::milliseconds>(opts_.timeout, std::chrono::milliseconds(1500));
+                            std::min<std::chrono::milliseconds>(opts_.timeout(), std::chrono::milliseconds(1500));
       std::vector<int64_t> missing;
       while (true) {
         missing.clear();
-        for (int64_t r = 0; r < opts_.world_size; ++r)
+        for (int64_t r = 0; r < opts_.world_size(); ++r)
           if (!store_->check({prefix + std::to_string(r)})) missing.push_back(r);
         if (missing.empty() || std::chrono::steady_clock::now() > deadline) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -541,8 +541,8 @@ class GlooCollectives : public Collectives {
       os << "]" << nodes_of(missing);
       return os.str();
     } catch (const std::exception&) {
-      if (opts_.store_path.empty() && opts_.store_served_externally) {
-        return "ranks that did not arrive: unknown (the store at " + opts_.host + ":" + std::to_string(opts_.port) +
+      if (opts_.store_path().empty() && opts_.store_served_externally()) {
+        return "ranks that did not arrive: unknown (the store at " + opts_.host() + ":" + std::to_string(opts_.port()) +
                ", served by the launcher of node 0, does not answer: node 0 has stopped)";
       }
       return "ranks that did not arrive: unknown (the store is gone)";
@@ -551,8 +551,8 @@ class GlooCollectives : public Collectives {
 
   // The nodes that hold these ranks: " (node 1)", " (nodes 0, 1)"; empty on one node.
   std::string nodes_of(const std::vector<int64_t>& ranks) const {
-    const int64_t per = opts_.local_world_size;
-    if (per <= 0 || per >= opts_.world_size || ranks.empty()) return "";
+    const int64_t per = opts_.local_world_size();
+    if (per <= 0 || per >= opts_.world_size() || ranks.empty()) return "";
     std::vector<int64_t> nodes;
     for (int64_t r : ranks)
       if (std::find(nodes.begin(), nodes.end(), r / per) == nodes.end()) nodes.push_back(r / per);
@@ -566,7 +566,7 @@ class GlooCollectives : public Collectives {
   // What the launcher of the node that failed first wrote to the store (see
   // MultiProcessLauncher); empty if nothing was written.
   std::string first_failure_elsewhere() {
-    if (!store_ || !opts_.store_path.empty()) return "";
+    if (!store_ || !opts_.store_path().empty()) return "";
     try {
       if (!store_->check({"fulgur/failure"})) return "";
       const std::vector<uint8_t> v = store_->get("fulgur/failure");

@@ -142,29 +142,29 @@ c10::intrusive_ptr<::c10d::Store> node_store(const MultiProcessLauncherOptions& 
   static c10::intrusive_ptr<::c10d::Store> store;
   if (store) return store;
   ::c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(o.main_port);
-  so.isServer = o.node_rank == 0;
+  so.port = static_cast<uint16_t>(o.main_port());
+  so.isServer = o.node_rank() == 0;
   so.waitWorkers = false;
   if (so.isServer) {
     so.timeout = std::chrono::seconds(60);
     try {
-      store = c10::make_intrusive<::c10d::TCPStore>(o.main_address, so);
+      store = c10::make_intrusive<::c10d::TCPStore>(o.main_address(), so);
     } catch (const std::exception& e) {
       const std::string msg = runtime::first_line(e.what());
-      throw CollectiveError("rendezvous: node 0 cannot serve the store on MASTER_PORT=" + std::to_string(o.main_port) +
+      throw CollectiveError("rendezvous: node 0 cannot serve the store on MASTER_PORT=" + std::to_string(o.main_port()) +
                             " (" + msg + "); choose a free port, the same on every node");
     }
     return store;
   }
   so.timeout = connect_timeout;
-  if (!detail::accepts_connections(o.main_address, o.main_port, 100)) return {};  // node 0 is not up (or gone)
+  if (!detail::accepts_connections(o.main_address(), o.main_port(), 100)) return {};  // node 0 is not up (or gone)
   try {
-    auto client = c10::make_intrusive<::c10d::TCPStore>(o.main_address, so);
+    auto client = c10::make_intrusive<::c10d::TCPStore>(o.main_address(), so);
     // As in the rendezvous (collectives.cpp): libtorch 1.13's client reads
     // replies without a timeout until a wait() puts one on its socket, so a
     // program holding the port (accepts, never answers) would hold this
     // launcher in its next call forever. A first wait bounds them all.
-    const std::string hello = "fulgur/hello/node-" + std::to_string(o.node_rank);
+    const std::string hello = "fulgur/hello/node-" + std::to_string(o.node_rank());
     client->set(hello, std::vector<uint8_t>{1});
     client->wait({hello});
     store = client;
@@ -182,7 +182,7 @@ void report_failure_to_job(const MultiProcessLauncherOptions& o, int64_t index, 
     if (!store) return;
     const std::string prefix = "launch-" + std::to_string(index) + "/fulgur/";
     if (store->add(prefix + "failures", 1) == 1) {
-      const std::string msg = "node " + std::to_string(o.node_rank) + ": " + what;
+      const std::string msg = "node " + std::to_string(o.node_rank()) + ": " + what;
       store->set(prefix + "failure", std::vector<uint8_t>(msg.begin(), msg.end()));
     }
   } catch (const std::exception&) {
@@ -198,7 +198,7 @@ std::string failure_elsewhere(const MultiProcessLauncherOptions& o, int64_t inde
     if (!store || !store->check({key})) return "";
     const std::vector<uint8_t> v = store->get(key);
     const std::string msg(v.begin(), v.end());
-    return msg.rfind("node " + std::to_string(o.node_rank) + ":", 0) == 0 ? "" : msg;
+    return msg.rfind("node " + std::to_string(o.node_rank()) + ":", 0) == 0 ? "" : msg;
   } catch (const std::exception&) {
     return "";
   }
@@ -287,11 +287,11 @@ bool is_fulgur_worker() {
 }
 
 MultiProcessLauncher::MultiProcessLauncher(MultiProcessLauncherOptions options) : options_(std::move(options)) {
-  if (options_.start_method != "fork" && options_.start_method != "spawn") {
-    throw std::invalid_argument("start_method '" + options_.start_method + "' is not known; valid: \"fork\", \"spawn\"");
+  if (options_.start_method() != "fork" && options_.start_method() != "spawn") {
+    throw std::invalid_argument("start_method '" + options_.start_method() + "' is not known; valid: \"fork\", \"spawn\"");
   }
-  if (options_.num_processes < 1) {
-    throw std::invalid_argument("num_processes=" + std::to_string(options_.num_processes) + " must be >= 1");
+  if (options_.num_processes() < 1) {
+    throw std::invalid_argument("num_processes=" + std::to_string(options_.num_processes()) + " must be >= 1");
   }
 }
 
@@ -302,45 +302,45 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
     if (index < 0) throw std::runtime_error(std::string("a spawned fulgur worker needs ") + kLaunchIndexEnv + ", which is not set");
     const int64_t mine = g_launches++;
     if (mine < index) {
-      if (options_.num_nodes > 1 && options_.node_rank != 0) return c10::IValue();  // as the parent got
+      if (options_.num_nodes() > 1 && options_.node_rank() != 0) return c10::IValue();  // as the parent got
       const std::string earlier = fs::path(runtime::env_required(kLaunchDirEnv, "a spawned fulgur worker")).parent_path() / ("launch-" + std::to_string(mine)) / "result.pt";
       return TorchCheckpointIO().load_checkpoint(earlier).at("result");
     }
     run_worker(fn);
   }
-  if (options_.processes_created_externally) return fn();  // torchrun, srun, ...
+  if (options_.processes_created_externally()) return fn();  // torchrun, srun, ...
 
-  const int64_t n = options_.num_processes;
+  const int64_t n = options_.num_processes();
   const int64_t index = g_launches++;
   const std::string dir = run_dir() + "/launch-" + std::to_string(index);
   fs::create_directories(dir);
-  const int64_t world = n * options_.num_nodes;
+  const int64_t world = n * options_.num_nodes();
   std::map<std::string, std::string> env = runtime::thread_environment(n);
   env[kWorkerEnv] = "1";
   env[kLaunchDirEnv] = dir;
   env[kLaunchIndexEnv] = std::to_string(index);
   env["WORLD_SIZE"] = std::to_string(world);
   env["LOCAL_WORLD_SIZE"] = std::to_string(n);
-  env["NODE_RANK"] = std::to_string(options_.node_rank);
-  env["NUM_NODES"] = std::to_string(options_.num_nodes);
-  env["MASTER_ADDR"] = options_.main_address;
-  env["MASTER_PORT"] = std::to_string(options_.main_port);
-  const bool several_nodes = options_.num_nodes > 1;
+  env["NODE_RANK"] = std::to_string(options_.node_rank());
+  env["NUM_NODES"] = std::to_string(options_.num_nodes());
+  env["MASTER_ADDR"] = options_.main_address();
+  env["MASTER_PORT"] = std::to_string(options_.main_port());
+  const bool several_nodes = options_.num_nodes() > 1;
   if (several_nodes) {
-    if (options_.node_rank == 0) node_store(options_);  // serve before any worker needs it
+    if (options_.node_rank() == 0) node_store(options_);  // serve before any worker needs it
     env[kParentStoreEnv] = "1";
   } else {
     env[kStoreEnv] = dir + "/store";
   }
 
-  const std::vector<std::string> argv = options_.start_method == "spawn" ? own_argv() : std::vector<std::string>{};
+  const std::vector<std::string> argv = options_.start_method() == "spawn" ? own_argv() : std::vector<std::string>{};
   const pid_t parent = ::getpid();
   std::vector<pid_t> pids(n, -1);
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
   for (int64_t local = 0; local < n; ++local) {
-    const int64_t rank = options_.node_rank * n + local;
+    const int64_t rank = options_.node_rank() * n + local;
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error(std::string("launcher: fork failed: ") + std::strerror(errno));
     if (pid == 0) {
@@ -351,7 +351,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
       for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
-      if (options_.start_method == "spawn") {
+      if (options_.start_method() == "spawn") {
         std::vector<char*> args;
         for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
         args.push_back(nullptr);
@@ -391,7 +391,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
         stop_time = now_seconds();
         for (int64_t j = 0; j < n; ++j)
           if (!exits[j].done) ::kill(pids[j], SIGTERM);
-        stop_deadline = std::chrono::steady_clock::now() + options_.grace_period;
+        stop_deadline = std::chrono::steady_clock::now() + options_.grace_period();
       }
       next_poll = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
     }
@@ -400,7 +400,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
       forwarded_signal = runtime::received_stop_signal();
       for (int64_t i = 0; i < n; ++i)
         if (!exits[i].done) ::kill(pids[i], forwarded_signal);
-      stop_deadline = std::min(stop_deadline, std::chrono::steady_clock::now() + options_.stop_timeout);
+      stop_deadline = std::min(stop_deadline, std::chrono::steady_clock::now() + options_.stop_timeout());
     }
     if (forwarded && !hurried && runtime::stop_signal_count() > 1) {
       hurried = true;  // asked twice: SIGKILL now
@@ -418,7 +418,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (failed && !stopping && !forwarded) {
         if (several_nodes) {
-          const int64_t rank = options_.node_rank * n + i;
+          const int64_t rank = options_.node_rank() * n + i;
           const ErrorRecord rec = read_error_record(dir, rank);
           std::string what = "worker rank " + std::to_string(rank) +
                              (WIFSIGNALED(status) ? " was killed by " + signal_name(WTERMSIG(status))
@@ -431,7 +431,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
         stop_time = now_seconds();
         for (int64_t j = 0; j < n; ++j)
           if (!exits[j].done) ::kill(pids[j], SIGTERM);
-        stop_deadline = std::chrono::steady_clock::now() + options_.grace_period;
+        stop_deadline = std::chrono::steady_clock::now() + options_.grace_period();
       }
     }
     if (alive > 0 && std::chrono::steady_clock::now() >= stop_deadline) {
@@ -448,7 +448,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   for (const auto& e : exits) all_ok = all_ok && WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0;
   if (all_ok) {
     const std::string result = dir + "/result.pt";
-    if (options_.node_rank != 0) return c10::IValue();
+    if (options_.node_rank() != 0) return c10::IValue();
     return TorchCheckpointIO().load_checkpoint(result).at("result");
   }
 
@@ -464,7 +464,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   };
   std::vector<Failure> failures;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t rank = options_.node_rank * n + i;
+    const int64_t rank = options_.node_rank() * n + i;
     const int status = exits[i].status;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
     ErrorRecord rec = read_error_record(dir, rank);
@@ -492,7 +492,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
                        " " + first.how;
     if (killed_after_signal) {
       what += hurried ? "; a second signal killed the workers still running"
-                      : "; the workers still running " + std::to_string(options_.stop_timeout.count()) +
+                      : "; the workers still running " + std::to_string(options_.stop_timeout().count()) +
                             " ms after it (stop_timeout) were killed";
     }
     throw WorkerFailure(what, static_cast<int>(first.rank), 128 + forwarded_signal);
@@ -500,9 +500,9 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   std::ostringstream report;
   const std::string elsewhere = several_nodes && first.priority == 1 ? failure_elsewhere(options_, index) : "";
   if (!elsewhere.empty()) {
-    report << "node " << options_.node_rank << " stopped because the job failed on " << elsewhere << "; here ";
+    report << "node " << options_.node_rank() << " stopped because the job failed on " << elsewhere << "; here ";
   } else if (several_nodes) {
-    report << "node " << options_.node_rank << ": ";
+    report << "node " << options_.node_rank() << ": ";
   }
   report << "worker rank " << first.rank << " failed first: it " << first.how;
   if (failures.size() > 1) {

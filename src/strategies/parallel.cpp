@@ -1,4 +1,8 @@
+#include <fulgur/accelerators/accelerator.h>
 #include <fulgur/data/device_loader.h>
+#include <fulgur/launchers/launcher.h>
+#include <fulgur/lightning_module.h>
+#include <fulgur/plugins/precision/precision.h>
 #include <fulgur/strategies/parallel.h>
 
 #include "serialize/tensor_tree.h"
@@ -44,23 +48,23 @@ ParallelStrategy::ParallelStrategy(std::shared_ptr<Accelerator> accelerator, std
     : Strategy(std::move(accelerator), std::move(checkpoint_io), std::move(precision)),
       parallel_devices_(std::move(parallel_devices)), options_(std::move(options)) {
   if (parallel_devices_.empty()) throw std::invalid_argument("ParallelStrategy: parallel_devices is empty");
-  if (options_.num_nodes < 1) throw std::invalid_argument("num_nodes=" + std::to_string(options_.num_nodes) + " must be >= 1");
-  MultiProcessLauncherOptions lo;
-  lo.num_processes = static_cast<int64_t>(parallel_devices_.size());
-  lo.num_nodes = options_.num_nodes;
-  lo.start_method = options_.start_method;
-  lo.grace_period = options_.grace_period;
-  lo.stop_timeout = options_.stop_timeout;
-  cluster_environment_ = options_.cluster_environment ? options_.cluster_environment : detect_cluster_environment();
+  if (options_.num_nodes() < 1) throw std::invalid_argument("num_nodes=" + std::to_string(options_.num_nodes()) + " must be >= 1");
+  auto lo = MultiProcessLauncherOptions()
+                .num_processes(static_cast<int64_t>(parallel_devices_.size()))
+                .num_nodes(options_.num_nodes())
+                .start_method(options_.start_method())
+                .grace_period(options_.grace_period())
+                .stop_timeout(options_.stop_timeout());
+  cluster_environment_ = options_.cluster_environment() ? options_.cluster_environment() : detect_cluster_environment();
   const ClusterEnvironment& env = *cluster_environment_;
-  env.validate_settings(lo.num_processes, options_.num_nodes);
-  lo.node_rank = env.node_rank();
-  lo.main_address = env.main_address();
-  lo.main_port = env.main_port();
-  lo.processes_created_externally = env.creates_processes_externally();
-  if (lo.node_rank >= options_.num_nodes) {
-    throw std::invalid_argument("NODE_RANK=" + std::to_string(lo.node_rank) + " is outside [0, " +
-                                std::to_string(options_.num_nodes) + ")");
+  env.validate_settings(lo.num_processes(), options_.num_nodes());
+  lo.node_rank(env.node_rank())
+      .main_address(env.main_address())
+      .main_port(env.main_port())
+      .processes_created_externally(env.creates_processes_externally());
+  if (lo.node_rank() >= options_.num_nodes()) {
+    throw std::invalid_argument("NODE_RANK=" + std::to_string(lo.node_rank()) + " is outside [0, " +
+                                std::to_string(options_.num_nodes()) + ")");
   }
   launcher_ = std::make_unique<MultiProcessLauncher>(lo);
 }
@@ -96,20 +100,20 @@ void ParallelStrategy::setup_environment() {
   }
   const int64_t local_world = env.local_world_size() > 0 ? env.local_world_size() : static_cast<int64_t>(parallel_devices_.size());
   runtime::apply_thread_policy(local_world);
-  RendezvousOptions ro;
-  ro.rank = rank_;
-  ro.world_size = world_size_;
-  ro.timeout = options_.timeout;
-  ro.debug = options_.debug;
-  ro.local_world_size = local_world;
-  ro.store_path = where.store_path;
+  auto ro = RendezvousOptions()
+                .rank(rank_)
+                .world_size(world_size_)
+                .timeout(options_.timeout())
+                .debug(options_.debug())
+                .local_world_size(local_world)
+                .store_path(where.store_path);
   if (where.store_path.empty()) {
-    ro.host = where.host;
-    ro.port = where.port;
-    ro.store_served_externally = where.store_served_externally;
-    ro.store_prefix = where.store_prefix;
-    ro.bind_address = where.bind_address;
-    ro.socket_ifname = where.socket_ifname;
+    ro.host(where.host)
+        .port(where.port)
+        .store_served_externally(where.store_served_externally)
+        .store_prefix(where.store_prefix)
+        .bind_address(where.bind_address)
+        .socket_ifname(where.socket_ifname);
   }
   collectives_ = Collectives::create(ro);
   launched_ = true;
@@ -117,7 +121,7 @@ void ParallelStrategy::setup_environment() {
 }
 
 void ParallelStrategy::setup_module_states() {
-  if (options_.sync_module_states) sync_module_states();
+  if (options_.sync_module_states()) sync_module_states();
 }
 
 void ParallelStrategy::sync_module_states() {
@@ -237,13 +241,13 @@ bool sharded_for(const BatchSource& source, int64_t world) {
   if (const auto* device = dynamic_cast<const DeviceLoader*>(&source)) return sharded_for(*device->inner(), world);
   const auto* dl = dynamic_cast<const DataLoader*>(&source);
   const auto* sampler = dl ? dynamic_cast<const DistributedSampler*>(&dl->sampler()) : nullptr;
-  return sampler && sampler->options().num_replicas == world;
+  return sampler && sampler->options().num_replicas() == world;
 }
 
 }  // namespace
 
 std::shared_ptr<BatchSource> ParallelStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {
-  if (world_size() == 1 || !options_.use_distributed_sampler || sharded_for(*loader, world_size())) return loader;
+  if (world_size() == 1 || !options_.use_distributed_sampler() || sharded_for(*loader, world_size())) return loader;
   auto dl = std::dynamic_pointer_cast<DataLoader>(loader);
   if (!dl) {
     const bool device = std::dynamic_pointer_cast<DeviceLoader>(loader) != nullptr;
@@ -257,12 +261,13 @@ std::shared_ptr<BatchSource> ParallelStrategy::process_dataloader(std::shared_pt
         "TrainerOptions().use_distributed_sampler(false) (ParallelOptions::use_distributed_sampler for a strategy "
         "object)");
   }
-  DistributedSampler::Options so;
-  so.num_replicas = world_size();
-  so.rank = global_rank();
-  so.shuffle = dl->options().shuffle();
-  so.seed = dl->options().seed();
-  so.drop_last = false;  // as Lightning: the sampler pads; the loader's drop_last applies to batches
+  // drop_last: as Lightning, the sampler pads; the loader's drop_last applies to batches.
+  const auto so = DistributedSampler::Options()
+                      .num_replicas(world_size())
+                      .rank(global_rank())
+                      .shuffle(dl->options().shuffle())
+                      .seed(dl->options().seed())
+                      .drop_last(false);
   return dl->with_sampler(std::make_shared<DistributedSampler>(dl->dataset()->size(), so));
 }
 

@@ -1,8 +1,9 @@
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/plugins/precision/xla.h>
 #include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/registry.h>
 #include <fulgur/strategies/single_xla.h>
 #include <fulgur/strategies/xla.h>
-#include <fulgur/strategies/registry.h>
-#include <fulgur/plugins/precision/xla.h>
 
 #include <algorithm>
 
@@ -14,32 +15,32 @@ std::vector<std::string> strategy_names() { return {"auto", "single_device", "si
 
 std::shared_ptr<Strategy> make_strategy(const StrategyRequest& req) {
   auto names = strategy_names();
-  if (std::find(names.begin(), names.end(), req.strategy) == names.end()) {
+  if (std::find(names.begin(), names.end(), req.strategy()) == names.end()) {
     std::string valid;
     for (const auto& n : names) valid += (valid.empty() ? "\"" : ", \"") + n + "\"";
-    throw std::invalid_argument("strategy '" + req.strategy + "' is not known; valid: " + valid);
+    throw std::invalid_argument("strategy '" + req.strategy() + "' is not known; valid: " + valid);
   }
-  const std::string precision = validate_precision(req.precision);
-  const bool xla_strategy = req.strategy == "xla" || req.strategy == "xla_debug" || req.strategy == "single_xla";
-  std::string acc_name = req.accelerator;
-  if (acc_name == "auto") acc_name = req.strategy == "ddp" || req.strategy == "single_device" ? "cpu" : "xla";
+  const std::string precision = validate_precision(req.precision());
+  const bool xla_strategy = req.strategy() == "xla" || req.strategy() == "xla_debug" || req.strategy() == "single_xla";
+  std::string acc_name = req.accelerator();
+  if (acc_name == "auto") acc_name = req.strategy() == "ddp" || req.strategy() == "single_device" ? "cpu" : "xla";
   auto accelerator = make_accelerator(acc_name);
   if (xla_strategy && accelerator->name() != "xla") {
-    throw std::invalid_argument("strategy '" + req.strategy + "' runs on xla devices but accelerator is '" +
-                                req.accelerator + "'; use accelerator \"xla\" (or \"auto\"), or strategy \"ddp\" on cpu");
+    throw std::invalid_argument("strategy '" + req.strategy() + "' runs on xla devices but accelerator is '" +
+                                req.accelerator() + "'; use accelerator \"xla\" (or \"auto\"), or strategy \"ddp\" on cpu");
   }
-  const std::vector<int64_t> devices = parse_devices(req.devices, *accelerator);
+  const std::vector<int64_t> devices = parse_devices(req.devices(), *accelerator);
   const int64_t n = static_cast<int64_t>(devices.size());
-  std::string name = req.strategy;
+  std::string name = req.strategy();
   if (name == "auto") {
     if (accelerator->name() == "xla") {
-      name = n > 1 || req.num_nodes > 1 ? "xla" : "single_xla";
+      name = n > 1 || req.num_nodes() > 1 ? "xla" : "single_xla";
     } else {
-      name = n > 1 || req.num_nodes > 1 ? "ddp" : "single_device";
+      name = n > 1 || req.num_nodes() > 1 ? "ddp" : "single_device";
     }
   }
   if ((name == "single_device" || name == "single_xla") && n != 1) {
-    throw std::invalid_argument("strategy '" + name + "' uses one device but devices='" + req.devices + "' gives " +
+    throw std::invalid_argument("strategy '" + name + "' uses one device but devices='" + req.devices() + "' gives " +
                                 std::to_string(n) + "; use strategy \"ddp\" or \"xla\" for several");
   }
   if (name == "single_device") {
@@ -48,12 +49,12 @@ std::shared_ptr<Strategy> make_strategy(const StrategyRequest& req) {
                                                   std::make_shared<Precision>(precision));
   }
   if (name == "single_xla") return std::make_shared<SingleDeviceXLAStrategy>(nullptr, std::make_shared<XLAPrecision>(precision));
-  ParallelOptions po;
-  po.timeout = req.collective_timeout;
-  po.num_nodes = req.num_nodes;
-  po.start_method = req.start_method;
-  po.use_distributed_sampler = req.use_distributed_sampler;
-  po.debug = name == "xla_debug";
+  const auto po = ParallelOptions()
+                      .timeout(req.collective_timeout())
+                      .num_nodes(req.num_nodes())
+                      .start_method(req.start_method())
+                      .use_distributed_sampler(req.use_distributed_sampler())
+                      .debug(name == "xla_debug");
   if (name == "ddp") {
     if (accelerator->name() != "cpu") {
       throw std::invalid_argument("strategy 'ddp' runs on cpu devices; for xla devices use strategy \"xla\"");

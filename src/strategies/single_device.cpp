@@ -1,3 +1,6 @@
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/lightning_module.h>
+#include <fulgur/plugins/precision/precision.h>
 #include <fulgur/strategies/single_device.h>
 
 namespace fulgur {

@@ -1,3 +1,5 @@
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/strategies/single_xla.h>
 
 #include "strategies/xla_common.h"
@@ -13,13 +15,11 @@ SingleDeviceXLAStrategy::SingleDeviceXLAStrategy(std::shared_ptr<CheckpointIO> c
 
 c10::Device SingleDeviceXLAStrategy::root_device() const { return xla::backend().device(); }
 
-void SingleDeviceXLAStrategy::mark_step() { xla::mark_step(); }
-
-void SingleDeviceXLAStrategy::on_train_end() { mark_step(); }
+void SingleDeviceXLAStrategy::on_train_end() { xla::mark_step(); }
 
 void SingleDeviceXLAStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
                                               const StorageOptions& storage_options) {
-  mark_step();
+  xla::mark_step();
   Strategy::save_checkpoint(checkpoint, path, storage_options);
 }
 
@@ -28,7 +28,7 @@ std::shared_ptr<BatchSource> SingleDeviceXLAStrategy::process_dataloader(std::sh
 }
 
 void SingleDeviceXLAStrategy::teardown() {
-  mark_step();
+  xla::mark_step();
   Strategy::teardown();
 }
 

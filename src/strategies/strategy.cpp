@@ -1,3 +1,6 @@
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/lightning_module.h>
+#include <fulgur/plugins/precision/precision.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
@@ -53,9 +56,9 @@ void Strategy::setup(Trainer& trainer) {
                                   " optimizers; automatic optimization drives one. Use manual optimization for several");
     }
     for (const auto& s : optimizer_config_.schedulers) {
-      if (!s.scheduler) throw std::invalid_argument("configure_optimizers: a SchedulerConfig has no scheduler");
-      if (s.interval != "step" && s.interval != "epoch") {
-        throw std::invalid_argument("configure_optimizers: scheduler interval '" + s.interval +
+      if (!s.scheduler()) throw std::invalid_argument("configure_optimizers: a SchedulerConfig has no scheduler");
+      if (s.interval() != "step" && s.interval() != "epoch") {
+        throw std::invalid_argument("configure_optimizers: scheduler interval '" + s.interval() +
                                     "' is not known; valid: \"step\", \"epoch\"");
       }
     }

@@ -1,3 +1,5 @@
+#include <fulgur/accelerators/accelerator.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/strategies/xla.h>
 
 #include "distributed/gradient_sync.h"
@@ -20,9 +22,7 @@ c10::Device XLAStrategy::root_device() const {
   return accelerator_->device(local_rank());
 }
 
-void XLAStrategy::mark_step() { xla::mark_step(); }
-
-void XLAStrategy::on_train_end() { mark_step(); }
+void XLAStrategy::on_train_end() { xla::mark_step(); }
 
 std::unique_ptr<detail::GradientSync> XLAStrategy::make_gradient_sync() {
   // XLAPrecision::optimizer_step marks the step (materializing the gradients) before the sync.
@@ -36,13 +36,13 @@ std::shared_ptr<BatchSource> XLAStrategy::process_dataloader(std::shared_ptr<Bat
 
 void XLAStrategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
                                   const StorageOptions& storage_options) {
-  mark_step();
+  xla::mark_step();
   ParallelStrategy::save_checkpoint(checkpoint, path, storage_options);
 }
 
 void XLAStrategy::teardown() {
-  if (launched_) mark_step();
-  if (options_.debug && is_global_zero()) std::cerr << xla::metrics_report() << std::endl;
+  if (launched_) xla::mark_step();
+  if (options_.debug() && is_global_zero()) std::cerr << xla::metrics_report() << std::endl;
   DDPStrategy::teardown();
 }
 

@@ -3,6 +3,7 @@
 
 #include <fulgur/callbacks/model_checkpoint.h>
 #include <fulgur/checkpoint.h>
+#include <fulgur/data/data_loader.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
@@ -193,14 +194,14 @@ void TrainerImpl::restore(const std::string& path) {
     if (!scheds.get(i).isGenericDict()) throw std::runtime_error(where + ": lr_schedulers[" + std::to_string(i) + "] is not a dict");
     auto s = c10::impl::toTypedDict<std::string, c10::IValue>(scheds.get(i).toGenericDict());
     const SchedulerConfig& sc = cfg.schedulers[i];
-    const bool per_step = sc.interval == "step";
+    const bool per_step = sc.interval() == "step";
     const int64_t bound = std::min<int64_t>(per_step ? global_step : current_epoch + 1, kMaxSchedulerCount);
     const int64_t n = read_count(s, "last_epoch", where, "lr_schedulers[" + std::to_string(i) + "].last_epoch", bound,
                                  per_step ? "a scheduler stepped per optimizer step, and the checkpoint's global_step is " +
                                                 std::to_string(global_step)
                                           : "a scheduler stepped per epoch, and the checkpoint is in epoch " +
                                                 std::to_string(current_epoch));
-    set_scheduler_step_count(*sc.scheduler, n);
+    set_scheduler_step_count(*sc.scheduler(), n);
     scheduler_counts[i] = n;
   }
   for (size_t i = 0; i < opts.size(); ++i) {

@@ -3,6 +3,7 @@
 // rank 0's report at the end of fit.
 
 #include <fulgur/callbacks/model_checkpoint.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
@@ -21,11 +22,11 @@ void TrainerImpl::materialize_metrics() const {
 
 void TrainerImpl::log(const std::string& name, const at::Tensor& value, const LogOptions& opts) {
   if (!model) throw std::logic_error("log('" + name + "') was called outside a Trainer run");
-  if (opts.rank_zero_only && opts.sync_dist) {
+  if (opts.rank_zero_only() && opts.sync_dist()) {
     throw std::invalid_argument("log('" + name + "'): rank_zero_only=true with sync_dist=true: the reduction is a "
                                 "collective that the other ranks would never join; drop one of the two");
   }
-  if (opts.rank_zero_only && !strategy->is_global_zero()) return;
+  if (opts.rank_zero_only() && !strategy->is_global_zero()) return;
   results.log(name, value, opts, in_training_step, current_batch_size, reducer());
 }
 ResultCollection::Reducer TrainerImpl::reducer() {

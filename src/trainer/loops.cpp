@@ -13,6 +13,8 @@
 #include "runtime/signals.h"
 #include "trainer/trainer_impl.h"
 
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 #include <torch/torch.h>
 
 #include <csignal>
@@ -63,10 +65,10 @@ void TrainerImpl::step_schedulers(const std::string& interval) {
   const auto& cfg = strategy->optimizer_config();
   for (size_t i = 0; i < cfg.schedulers.size(); ++i) {
     const auto& s = cfg.schedulers[i];
-    if (s.interval != interval) continue;
+    if (s.interval() != interval) continue;
     const int64_t unit = interval == "step" ? global_step : current_epoch + 1;
-    if (unit % std::max<int64_t>(1, s.frequency) != 0) continue;
-    s.scheduler->step();
+    if (unit % std::max<int64_t>(1, s.frequency()) != 0) continue;
+    s.scheduler()->step();
     ++scheduler_counts[i];
   }
 }

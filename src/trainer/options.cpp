@@ -33,6 +33,11 @@ int64_t BatchLimit::resolve(int64_t available, const char* what) const {
   return std::min(count_, available);
 }
 
+TrainerOptions& TrainerOptions::devices(int64_t n) {
+  devices_ = std::to_string(n);
+  return *this;
+}
+
 TrainerOptions& TrainerOptions::devices(const std::vector<int64_t>& indices) {
   std::string spec;
   for (int64_t i : indices) spec += std::to_string(i) + ",";
@@ -98,18 +103,17 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
   }
   strategy = choice.object();
   if (!strategy) {
-    StrategyRequest req;
-    req.strategy = choice.name();
-    req.accelerator = options.accelerator();
-    req.devices = options.devices();
-    req.precision = options.precision();
-    req.num_nodes = options.num_nodes();
-    req.start_method = options.start_method();
-    req.collective_timeout = std::chrono::milliseconds(options.collective_timeout_ms());
-    req.use_distributed_sampler = options.use_distributed_sampler();
-    strategy = make_strategy(req);
+    strategy = make_strategy(StrategyRequest()
+                                 .strategy(choice.name())
+                                 .accelerator(options.accelerator())
+                                 .devices(options.devices())
+                                 .precision(options.precision())
+                                 .num_nodes(options.num_nodes())
+                                 .start_method(options.start_method())
+                                 .collective_timeout(std::chrono::milliseconds(options.collective_timeout_ms()))
+                                 .use_distributed_sampler(options.use_distributed_sampler()));
   } else if (auto* parallel = dynamic_cast<ParallelStrategy*>(strategy.get());
-             parallel && !options.use_distributed_sampler() && parallel->parallel_options().use_distributed_sampler) {
+             parallel && !options.use_distributed_sampler() && parallel->parallel_options().use_distributed_sampler()) {
     throw std::invalid_argument(
         "use_distributed_sampler=false, but the strategy object shards loaders (its "
         "ParallelOptions::use_distributed_sampler is true); with a strategy object, set it there");

@@ -17,22 +17,22 @@ void ResultCollection::log(const std::string& name, const at::Tensor& value_in, 
     throw std::invalid_argument("log('" + name + "'): the value must hold one element, got shape " +
                                 (value_in.defined() ? c10::str(value_in.sizes()) : std::string("undefined")));
   }
-  if (!valid_fx(options.reduce_fx)) {
-    throw std::invalid_argument("log('" + name + "'): reduce_fx '" + options.reduce_fx +
+  if (!valid_fx(options.reduce_fx())) {
+    throw std::invalid_argument("log('" + name + "'): reduce_fx '" + options.reduce_fx() +
                                 "' is not known; valid: \"mean\", \"sum\", \"max\", \"min\"");
   }
-  if (!options.on_step) options.on_step = in_training;
-  if (!options.on_epoch) options.on_epoch = !in_training;
+  if (!options.on_step()) options.on_step(in_training);
+  if (!options.on_epoch()) options.on_epoch(!in_training);
   at::Tensor value = value_in.detach().reshape({}).to(torch::kFloat64);
-  if (options.sync_dist && *options.on_step && reduce) value = reduce(value, options.reduce_fx);
+  if (options.sync_dist() && *options.on_step() && reduce) value = reduce(value, options.reduce_fx());
   auto [it, inserted] = values_.try_emplace(name);
   LoggedValue& v = it->second;
   if (inserted) v.options = options;
   v.last = value;
   v.fresh = true;
-  if (!*options.on_epoch) return;
-  const double w = static_cast<double>(options.batch_size.value_or(batch_size));
-  const std::string& fx = v.options.reduce_fx;
+  if (!*options.on_epoch()) return;
+  const double w = static_cast<double>(options.batch_size().value_or(batch_size));
+  const std::string& fx = v.options.reduce_fx();
   if (!v.epoch.defined()) {
     v.epoch = fx == "mean" ? value * w : value;
     v.weight = w;
@@ -51,9 +51,9 @@ void ResultCollection::log(const std::string& name, const at::Tensor& value_in, 
 std::map<std::string, ResultCollection::Logged> ResultCollection::take_step_values() {
   std::map<std::string, Logged> out;
   for (auto& [name, v] : values_) {
-    if (!v.fresh || !*v.options.on_step) continue;
+    if (!v.fresh || !*v.options.on_step()) continue;
     v.fresh = false;
-    out[*v.options.on_epoch ? name + "_step" : name] = Logged{v.last, v.options.logger, v.options.prog_bar};
+    out[*v.options.on_epoch() ? name + "_step" : name] = Logged{v.last, v.options.logger(), v.options.prog_bar()};
   }
   return out;
 }
@@ -61,11 +61,11 @@ std::map<std::string, ResultCollection::Logged> ResultCollection::take_step_valu
 std::map<std::string, ResultCollection::Logged> ResultCollection::epoch_values(const Reducer& reduce) const {
   std::map<std::string, Logged> out;
   for (const auto& [name, v] : values_) {
-    if (!*v.options.on_epoch || !v.epoch.defined()) continue;
-    const std::string& fx = v.options.reduce_fx;
+    if (!*v.options.on_epoch() || !v.epoch.defined()) continue;
+    const std::string& fx = v.options.reduce_fx();
     at::Tensor value = v.epoch;
     if (fx == "mean") {
-      if (v.options.sync_dist && reduce) {
+      if (v.options.sync_dist() && reduce) {
         // Weighted mean over every rank's samples.
         auto both = torch::stack({v.epoch, torch::full({}, v.weight, torch::kFloat64).to(v.epoch.device())});
         both = reduce(both, "sum");
@@ -73,11 +73,11 @@ std::map<std::string, ResultCollection::Logged> ResultCollection::epoch_values(c
       } else {
         value = v.epoch / v.weight;
       }
-    } else if (v.options.sync_dist && reduce) {
+    } else if (v.options.sync_dist() && reduce) {
       value = reduce(value, fx);
     }
-    out[*v.options.on_step ? name + "_epoch" : name] = Logged{value, v.options.logger, v.options.prog_bar};
-    if (*v.options.on_step) out[name] = Logged{value, false, false};
+    out[*v.options.on_step() ? name + "_epoch" : name] = Logged{value, v.options.logger(), v.options.prog_bar()};
+    if (*v.options.on_step()) out[name] = Logged{value, false, false};
   }
   return out;
 }

@@ -3,7 +3,10 @@
 // the strategy's setup, the restore, the stop signals), as Lightning's
 // Trainer._run.
 
+#include <fulgur/data/data_loader.h>
+#include <fulgur/data_module.h>
 #include <fulgur/launchers/launcher.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 

@@ -3,12 +3,16 @@
 
 #include <fulgur/callbacks/model_checkpoint.h>
 #include <fulgur/checkpoint.h>
+#include <fulgur/data_module.h>
 #include <fulgur/launchers/launcher.h>
+#include <fulgur/lightning_module.h>
+#include <fulgur/loggers/logger.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
 #include "trainer/trainer_impl.h"
 
+#include <torch/optim/optimizer.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -44,59 +48,43 @@ Trainer::Trainer(TrainerOptions options) : impl_(std::make_unique<detail::Traine
 Trainer::~Trainer() = default;
 
 void Trainer::fit(LightningModule& model, DataModule& datamodule, const std::string& ckpt_path) {
-  detail::StageData d;
-  d.datamodule = &datamodule;
-  impl_->run(Stage::kFit, model, d, ckpt_path);
+  impl_->run(Stage::kFit, model, detail::StageData::from(datamodule), ckpt_path);
 }
 
 void Trainer::fit(LightningModule& model, std::shared_ptr<BatchSource> train_loader,
                   std::shared_ptr<BatchSource> val_loader, const std::string& ckpt_path) {
-  detail::StageData d;
-  d.train = std::move(train_loader);
-  d.val = std::move(val_loader);
-  impl_->run(Stage::kFit, model, d, ckpt_path);
+  impl_->run(Stage::kFit, model, detail::StageData::from(Stage::kFit, std::move(train_loader), std::move(val_loader)),
+             ckpt_path);
 }
 
 Metrics Trainer::validate(LightningModule& model, DataModule& datamodule, const std::string& ckpt_path) {
-  detail::StageData d;
-  d.datamodule = &datamodule;
-  impl_->run(Stage::kValidate, model, d, ckpt_path);
+  impl_->run(Stage::kValidate, model, detail::StageData::from(datamodule), ckpt_path);
   return callback_metrics();
 }
 
 Metrics Trainer::validate(LightningModule& model, std::shared_ptr<BatchSource> loader, const std::string& ckpt_path) {
-  detail::StageData d;
-  d.eval = std::move(loader);
-  impl_->run(Stage::kValidate, model, d, ckpt_path);
+  impl_->run(Stage::kValidate, model, detail::StageData::from(Stage::kValidate, std::move(loader)), ckpt_path);
   return callback_metrics();
 }
 
 Metrics Trainer::test(LightningModule& model, DataModule& datamodule, const std::string& ckpt_path) {
-  detail::StageData d;
-  d.datamodule = &datamodule;
-  impl_->run(Stage::kTest, model, d, ckpt_path);
+  impl_->run(Stage::kTest, model, detail::StageData::from(datamodule), ckpt_path);
   return callback_metrics();
 }
 
 Metrics Trainer::test(LightningModule& model, std::shared_ptr<BatchSource> loader, const std::string& ckpt_path) {
-  detail::StageData d;
-  d.eval = std::move(loader);
-  impl_->run(Stage::kTest, model, d, ckpt_path);
+  impl_->run(Stage::kTest, model, detail::StageData::from(Stage::kTest, std::move(loader)), ckpt_path);
   return callback_metrics();
 }
 
 std::vector<at::Tensor> Trainer::predict(LightningModule& model, DataModule& datamodule, const std::string& ckpt_path) {
-  detail::StageData d;
-  d.datamodule = &datamodule;
-  impl_->run(Stage::kPredict, model, d, ckpt_path);
+  impl_->run(Stage::kPredict, model, detail::StageData::from(datamodule), ckpt_path);
   return impl_->predictions;
 }
 
 std::vector<at::Tensor> Trainer::predict(LightningModule& model, std::shared_ptr<BatchSource> loader,
                                          const std::string& ckpt_path) {
-  detail::StageData d;
-  d.eval = std::move(loader);
-  impl_->run(Stage::kPredict, model, d, ckpt_path);
+  impl_->run(Stage::kPredict, model, detail::StageData::from(Stage::kPredict, std::move(loader)), ckpt_path);
   return impl_->predictions;
 }
 

@@ -4,7 +4,14 @@
 // run_in_worker), loops.cpp, logging.cpp, checkpointing.cpp,
 // worker_result.cpp; trainer.cpp is the façade.
 
+#include <fulgur/callbacks/callback.h>
+#include <fulgur/data/data_loader.h>
+#include <fulgur/data_module.h>
+#include <fulgur/lightning_module.h>
+#include <fulgur/loggers/logger.h>
 #include <fulgur/trainer.h>
+
+#include <torch/optim/optimizer.h>
 
 #include "trainer/results.h"
 #include "trainer/run_context.h"
@@ -41,6 +48,22 @@ inline std::string format_metric(double v) {
 
 // Where a stage's loaders come from (called in the worker, after setup).
 struct StageData {
+  // The DataModule's loaders for the stage.
+  static StageData from(DataModule& datamodule) {
+    StageData d;
+    d.datamodule = &datamodule;
+    return d;
+  }
+  // The loaders given: `loader` trains under fit (with `val_loader`, if any)
+  // and is `eval` for the other stages.
+  static StageData from(Stage stage, std::shared_ptr<BatchSource> loader,
+                        std::shared_ptr<BatchSource> val_loader = nullptr) {
+    StageData d;
+    (stage == Stage::kFit ? d.train : d.eval) = std::move(loader);
+    d.val = std::move(val_loader);
+    return d;
+  }
+
   DataModule* datamodule = nullptr;
   std::shared_ptr<BatchSource> train;
   std::shared_ptr<BatchSource> val;

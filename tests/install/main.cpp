@@ -1,6 +1,7 @@
 // The outside program of the Install.* test: a one-layer model fitted for a
 // few batches on one CPU device, through fulgur's installed headers.
 #include <fulgur/data/data_loader.h>
+#include <fulgur/lightning_module.h>
 #include <fulgur/trainer.h>
 
 #include <torch/nn/modules/linear.h>

@@ -3,11 +3,15 @@
 // All hooks run on every rank; a callback that writes files checks
 // trainer.is_global_zero() or goes through the strategy.
 
-#include <fulgur/lightning_module.h>
+#include <fulgur/checkpoint.h>
+#include <fulgur/types.h>
 
 #include <string>
 
 namespace fulgur {
+
+class LightningModule;
+class Trainer;
 
 class Callback {
  public:

@@ -22,6 +22,10 @@
 #include <string>
 #include <vector>
 
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
+
 namespace fulgur {
 
 struct ModelSummaryRow {

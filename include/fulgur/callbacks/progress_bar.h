@@ -5,20 +5,27 @@
 
 #include <fulgur/callbacks/callback.h>
 
+#include <torch/arg.h>
+
 #include <chrono>
 #include <iosfwd>
 #include <optional>
 
 namespace fulgur {
 
+// Example:
+//   fulgur::ProgressBar(fulgur::ProgressBarOptions().stream(&std::cerr).print_every(50))
 struct ProgressBarOptions {
-  // Where to print; default std::cout.
-  std::ostream* stream = nullptr;
+  // A name for the pointer type: TORCH_ARG spells its setter `const T&`,
+  // which for `std::ostream*` would be a pointer to const.
+  using Stream = std::ostream*;
+  // Where to print; default (nullptr) std::cout.
+  TORCH_ARG(Stream, stream) = nullptr;
   // Redraw in place; default: whether stdout is a terminal.
-  std::optional<bool> terminal;
+  TORCH_ARG(std::optional<bool>, terminal) = std::nullopt;
   // Print every this many batches. Default: on a terminal, redraw at most
   // every 100 ms; elsewhere, about 10 lines an epoch.
-  int64_t print_every = 0;
+  TORCH_ARG(int64_t, print_every) = 0;
 };
 
 class ProgressBar : public Callback {

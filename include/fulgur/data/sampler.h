@@ -1,6 +1,8 @@
 #pragma once
 // Samplers: which dataset indices an epoch visits, in which order.
 
+#include <torch/arg.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -42,12 +44,13 @@ class RandomSampler : public Sampler {
 // rank gets floor(n / num_replicas).
 class DistributedSampler : public Sampler {
  public:
+  // Example: DistributedSampler::Options().num_replicas(4).rank(1).seed(7)
   struct Options {
-    int64_t num_replicas = 1;
-    int64_t rank = 0;
-    bool shuffle = true;
-    uint64_t seed = 0;
-    bool drop_last = false;
+    TORCH_ARG(int64_t, num_replicas) = 1;
+    TORCH_ARG(int64_t, rank) = 0;
+    TORCH_ARG(bool, shuffle) = true;
+    TORCH_ARG(uint64_t, seed) = 0;
+    TORCH_ARG(bool, drop_last) = false;
   };
   // Throws std::invalid_argument for num_replicas < 1 or rank outside [0, num_replicas).
   DistributedSampler(int64_t dataset_size, Options options);

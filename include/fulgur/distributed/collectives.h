@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <torch/arg.h>
 
 #include <chrono>
 #include <cstdint>
@@ -33,35 +34,39 @@ class CollectiveError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// How Collectives::create joins the process group.
+//
+// Example:
+//   fulgur::RendezvousOptions().rank(r).world_size(n).store_path(dir + "/store")
 struct RendezvousOptions {
-  int64_t rank = 0;
-  int64_t world_size = 1;
+  TORCH_ARG(int64_t, rank) = 0;
+  TORCH_ARG(int64_t, world_size) = 1;
   // Single node: a file store at this path (folder must be private).
-  std::string store_path;
+  TORCH_ARG(std::string, store_path) = "";
   // Several nodes (store_path empty): a TCP store at host:port; rank 0 serves it.
-  std::string host = "127.0.0.1";
-  int port = 0;
+  TORCH_ARG(std::string, host) = "127.0.0.1";
+  TORCH_ARG(int, port) = 0;
   // The store is already served by the outside launcher (torchrun's agent).
-  bool store_served_externally = false;
+  TORCH_ARG(bool, store_served_externally) = false;
   // Keys of this group live under this prefix in the store (a store shared
   // by several launches).
-  std::string store_prefix;
+  TORCH_ARG(std::string, store_prefix) = "";
   // Address Gloo binds to and announces. Empty: loopback for a single node
   // (store_path set) or a loopback `host`; else the interfaces named in
   // `socket_ifname`; else the interface that reaches `host`.
-  std::string bind_address;
+  TORCH_ARG(std::string, bind_address) = "";
   // Interfaces for Gloo, comma-separated (GLOO_SOCKET_IFNAME). Ignored on a
   // single node. An unknown name throws std::invalid_argument listing the
   // interfaces that exist.
-  std::string socket_ifname;
+  TORCH_ARG(std::string, socket_ifname) = "";
   // Ranks per node (rank r is on node r / local_world_size), used to name the
   // node of a rank that fails; 0 when unknown.
-  int64_t local_world_size = 0;
+  TORCH_ARG(int64_t, local_world_size) = 0;
   // Bound on each collective and on the rendezvous.
-  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
   // Check before each collective that all ranks call the same one with the
   // same shapes, and log every collective to stderr.
-  bool debug = false;
+  TORCH_ARG(bool, debug) = false;
 };
 
 // Pending result of an asynchronous all-reduce.

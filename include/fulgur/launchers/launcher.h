@@ -1,11 +1,17 @@
 #pragma once
 // Launcher: starts the worker processes of a job and supervises them.
 
-#include <ATen/core/ivalue.h>
+#include <torch/arg.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
+
+namespace c10 {
+struct IValue;
+}  // namespace c10
 
 namespace fulgur {
 
@@ -38,30 +44,34 @@ class WorkerFailure : public std::runtime_error {
   int exit_code_;
 };
 
+// How a MultiProcessLauncher starts and supervises the workers of this node.
+//
+// Example:
+//   fulgur::MultiProcessLauncherOptions().num_processes(4).start_method("spawn")
 struct MultiProcessLauncherOptions {
   // Workers on this node.
-  int64_t num_processes = 1;
-  int64_t num_nodes = 1;
-  int64_t node_rank = 0;
+  TORCH_ARG(int64_t, num_processes) = 1;
+  TORCH_ARG(int64_t, num_nodes) = 1;
+  TORCH_ARG(int64_t, node_rank) = 0;
   // "fork": the workers are copies of this process made at launch (the
   // default, as Lightning's XLA launcher). "spawn": the program is started
   // again with the worker's environment, and earlier launches are replayed
   // from their saved results.
-  std::string start_method = "fork";
+  TORCH_ARG(std::string, start_method) = "fork";
   // After the first failure: how long the others get between SIGTERM and SIGKILL.
-  std::chrono::milliseconds grace_period{5000};
+  TORCH_ARG(std::chrono::milliseconds, grace_period) = std::chrono::milliseconds(5000);
   // After a stop signal (SIGTERM, SIGINT) forwarded to the workers: how long
   // they get to finish their batch, save last.ckpt and exit before SIGKILL.
   // A second signal to this process sends SIGKILL at once. Default 30 s, a
   // scheduler's usual grace between SIGTERM and SIGKILL.
-  std::chrono::milliseconds stop_timeout{30000};
+  TORCH_ARG(std::chrono::milliseconds, stop_timeout) = std::chrono::milliseconds(30000);
   // Rendezvous for several nodes (MASTER_ADDR, MASTER_PORT).
-  std::string main_address = "127.0.0.1";
-  int main_port = 0;
+  TORCH_ARG(std::string, main_address) = "127.0.0.1";
+  TORCH_ARG(int, main_port) = 0;
   // This process was started by torchrun, srun or by hand as one of the job's
   // (ClusterEnvironment::creates_processes_externally): launch runs the
   // function here and starts nothing.
-  bool processes_created_externally = false;
+  TORCH_ARG(bool, processes_created_externally) = false;
 };
 
 class MultiProcessLauncher : public Launcher {

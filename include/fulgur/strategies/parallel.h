@@ -8,6 +8,8 @@
 #include <fulgur/plugins/environments/cluster_environment.h>
 #include <fulgur/strategies/strategy.h>
 
+#include <torch/arg.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
@@ -15,30 +17,34 @@
 
 namespace fulgur {
 
+// How a ParallelStrategy (DDPStrategy, XLAStrategy) runs its processes.
+//
+// Example:
+//   fulgur::ParallelOptions().num_nodes(2).timeout(std::chrono::minutes(5))
 struct ParallelOptions {
   // Bound on each collective and on the rendezvous.
-  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
   // Log each collective and check all ranks call the same one.
-  bool debug = false;
+  TORCH_ARG(bool, debug) = false;
   // Broadcast every parameter and buffer from rank 0 at setup.
-  bool sync_module_states = true;
-  int64_t num_nodes = 1;
+  TORCH_ARG(bool, sync_module_states) = true;
+  TORCH_ARG(int64_t, num_nodes) = 1;
   // "fork" or "spawn".
-  std::string start_method = "fork";
+  TORCH_ARG(std::string, start_method) = "fork";
   // Between SIGTERM and SIGKILL when a worker fails.
-  std::chrono::milliseconds grace_period{5000};
+  TORCH_ARG(std::chrono::milliseconds, grace_period) = std::chrono::milliseconds(5000);
   // After a stop signal: how long the workers get to save and exit (see
   // MultiProcessLauncherOptions::stop_timeout).
-  std::chrono::milliseconds stop_timeout{30000};
+  TORCH_ARG(std::chrono::milliseconds, stop_timeout) = std::chrono::milliseconds(30000);
   // process_dataloader shards DataLoaders and refuses other sources; false:
   // every loader is used as given (it must shard itself).
-  bool use_distributed_sampler = true;
+  TORCH_ARG(bool, use_distributed_sampler) = true;
   // Where ranks, world size, main address and port and the rendezvous come
   // from. nullptr: the one detect_cluster_environment() picks when the
   // strategy is made. The strategy holds it for its lifetime, in the
   // workers too: one that does not create its processes itself must answer
   // there from the names fulgur's launcher sets (LightningEnvironment's).
-  std::shared_ptr<ClusterEnvironment> cluster_environment;
+  TORCH_ARG(std::shared_ptr<ClusterEnvironment>, cluster_environment) = nullptr;
 };
 
 class ParallelStrategy : public Strategy {

@@ -3,22 +3,29 @@
 
 #include <fulgur/strategies/strategy.h>
 
+#include <torch/arg.h>
+
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace fulgur {
 
+// What make_strategy builds: the Trainer fills it from its options.
+//
+// Example:
+//   fulgur::make_strategy(fulgur::StrategyRequest().strategy("ddp").devices("2"))
 struct StrategyRequest {
-  std::string strategy = "auto";
-  std::string accelerator = "auto";
-  std::string devices = "auto";
-  std::string precision = "32-true";
-  int64_t num_nodes = 1;
-  std::string start_method = "fork";
-  std::chrono::milliseconds collective_timeout{std::chrono::minutes(30)};
-  bool use_distributed_sampler = true;
+  TORCH_ARG(std::string, strategy) = "auto";
+  TORCH_ARG(std::string, accelerator) = "auto";
+  TORCH_ARG(std::string, devices) = "auto";
+  TORCH_ARG(std::string, precision) = "32-true";
+  TORCH_ARG(int64_t, num_nodes) = 1;
+  TORCH_ARG(std::string, start_method) = "fork";
+  TORCH_ARG(std::chrono::milliseconds, collective_timeout) = std::chrono::minutes(30);
+  TORCH_ARG(bool, use_distributed_sampler) = true;
 };
 
 // The names make_strategy accepts.

@@ -13,8 +13,6 @@ class SingleDeviceXLAStrategy : public SingleDeviceStrategy {
   explicit SingleDeviceXLAStrategy(std::shared_ptr<CheckpointIO> checkpoint_io = nullptr,
                                    std::shared_ptr<Precision> precision = nullptr);
   c10::Device root_device() const override;
-  // Runs the pending graph of every live tensor on the device (xla::mark_step).
-  void mark_step();
   // Marks a step when fit ends, so that nothing is pending when the worker's
   // result is copied to the CPU.
   void on_train_end() override;

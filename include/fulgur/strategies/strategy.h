@@ -14,12 +14,12 @@
 // teardown, the process group (collectives), formed where the environment's
 // rendezvous() says; DDPStrategy (ddp.h) and XLAStrategy (xla.h) derive from it.
 
-#include <fulgur/accelerators/accelerator.h>
-#include <fulgur/data/data_loader.h>
-#include <fulgur/launchers/launcher.h>
-#include <fulgur/lightning_module.h>
+#include <fulgur/checkpoint.h>
+#include <fulgur/optimizer_config.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
-#include <fulgur/plugins/precision/precision.h>
+#include <fulgur/types.h>
+
+#include <c10/core/Device.h>
 
 #include <functional>
 #include <memory>
@@ -27,6 +27,13 @@
 #include <vector>
 
 namespace fulgur {
+
+class Accelerator;
+class BatchSource;
+class Launcher;
+class LightningModule;
+class Precision;
+class Trainer;
 
 // How Strategy::reduce_boolean_decision combines the ranks' decisions.
 enum class DecisionRule { kAll, kAny };

@@ -16,8 +16,6 @@ class XLAStrategy : public DDPStrategy {
               std::shared_ptr<Precision> precision = nullptr, ParallelOptions options = {});
   // Throws before launch: "Accessing the XLA device before processes have spawned is not allowed."
   c10::Device root_device() const override;
-  // Runs the pending graph of every live tensor on the device (xla::mark_step).
-  void mark_step();
   // Marks a step when fit ends, so that nothing is pending when the worker's
   // result is copied to the CPU.
   void on_train_end() override;

@@ -1,5 +1,7 @@
 #include <fulgur/plugins/precision/xla.h>
 
+#include <torch/nn/module.h>
+
 #include <fulgur/xla/backend.h>
 
 #include "optim/optim_state.h"

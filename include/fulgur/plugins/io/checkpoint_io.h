@@ -1,7 +1,9 @@
 #pragma once
 // CheckpointIO: how a checkpoint dict becomes a file and back.
 
-#include <fulgur/lightning_module.h>
+#include <fulgur/checkpoint.h>
+
+#include <ATen/core/ivalue.h>
 
 #include <map>
 #include <string>

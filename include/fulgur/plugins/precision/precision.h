@@ -15,13 +15,20 @@
 #include <fulgur/types.h>
 
 #include <c10/core/ScalarType.h>
-#include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
 
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+
+namespace torch {
+namespace nn {
+class Module;
+}  // namespace nn
+namespace optim {
+class Optimizer;
+}  // namespace optim
+}  // namespace torch
 
 namespace fulgur {
 
