@@ -79,13 +79,47 @@ def parse_args():
                    help="the interpreter of the bench environment (scripts/install-bench-env)")
     p.add_argument("--same-malloc", action="store_true",
                    help="also run the Python sides with fulgur's malloc policy (GLIBC_TUNABLES): *_same_malloc keys")
+    p.add_argument("--same-malloc-reps", type=int, default=1,
+                   help="with --same-malloc, the repetitions (the first N) that run the *_same_malloc sides; they "
+                        "are a third of the run's time, and the keys say how the allocator moves a ratio, not "
+                        "a figure of record (default 1; --reps for every repetition)")
     p.add_argument("--dump", help="also write every run's results to this JSON file")
     p.add_argument("--fault", action="store_true", help="the fault comparison: 2 processes, rank 1 raises at step 3")
     p.add_argument("--fault-only", action="store_true", help="only the fault table (with --lightning: all four rows)")
     p.add_argument("--fault-timeout", type=float, default=120.0)
+    p.add_argument("--openblas-coretype", default="auto",
+                   help="OPENBLAS_CORETYPE for every side: 'auto' sets it only where Debian's OpenBLAS (the BLAS of "
+                        "libtorch 1.13: fulgur and reference.py) does not know this CPU and falls back to its SSE3 "
+                        "'Prescott' kernels (then SkylakeX on an AVX-512 CPU, Haswell on AVX2); 'none' never sets it; "
+                        "or a core name, as OpenBLAS spells it")
     p.add_argument("--lightning-rtol-ddp", type=float, default=1e-5)
     p.add_argument("--lightning-rtol-xla", type=float, default=1e-4)
     return p.parse_args()
+
+
+def openblas_coretype(choice):
+    """(the core Debian's OpenBLAS picks here, the OPENBLAS_CORETYPE to give every side or None).
+    OpenBLAS 0.3.21 (Debian 12) picks its kernels by CPU model; a model it does not know (here
+    family 6 model 207) gets the SSE3 'Prescott' kernels: sgemm at 8-14 GFLOP/s against 47-71
+    with SkylakeX's on this machine (2048x128 by 128x512, measured in session 7)."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        detected = lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        detected = "none (libopenblas.so.0 not found)"
+    if choice == "none":
+        return detected, None
+    if choice != "auto":
+        return detected, choice
+    if detected.lower() != "prescott":
+        return detected, None
+    with open("/proc/cpuinfo") as f:
+        flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    if "avx512f" in flags:
+        return detected, "SkylakeX"
+    return detected, ("Haswell" if "avx2" in flags else None)
 
 
 class Runner:
@@ -96,6 +130,7 @@ class Runner:
         cores = len(os.sched_getaffinity(0))
         self.cores = cores
         self.spent = {}  # what the run's wall time went to: "<program>" -> seconds
+        self.openblas_detected, self.openblas_core = openblas_coretype(args.openblas_coretype)
 
     def account(self, what, seconds):
         self.spent[what] = self.spent.get(what, 0.0) + seconds
@@ -110,6 +145,8 @@ class Runner:
         env["OMP_NUM_THREADS"] = str(threads)
         env["OPENBLAS_NUM_THREADS"] = str(threads)
         env["OMP_WAIT_POLICY"] = "PASSIVE"
+        if self.openblas_core:
+            env["OPENBLAS_CORETYPE"] = self.openblas_core
         return env
 
     def timed_call(self, cmd, env):
@@ -368,7 +405,7 @@ def fault_table(runner):
     return rows
 
 
-def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lightning_ok, summary):
+def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lightning_ok, summary, sm_reps):
     print()
     print(f"== against Lightning (issue 17): samples/s end to end (median of {args.reps} paired repetitions; "
           "ratio = median of per-rep ratios)")
@@ -392,7 +429,11 @@ def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lig
     if args.same_malloc:
         print()
         print("== the same with fulgur's malloc policy on the Python side too "
-              f"(GLIBC_TUNABLES={SAME_MALLOC})")
+              f"(GLIBC_TUNABLES={SAME_MALLOC});")
+        print(f"   {sm_reps} of the {args.reps} repetitions ran these sides (--same-malloc-reps): the ratio is the median "
+              f"of {sm_reps} paired ratio(s), fulgur/s the median of the same repetitions; the summary's "
+              "same_malloc_repetitions says how many")
+        summary["same_malloc_repetitions"] = sm_reps
         for model in models:
             for nproc in procs:
                 t = max(1, runner.cores // nproc)
@@ -404,7 +445,8 @@ def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lig
                         continue
                     r = median(ratio[key])
                     print(f"  {model:7s} {nproc:5d}  {'fulgur_' + ours + ' / ' + ref + SM:44s} "
-                          f"{median(sps[(ours, model, nproc, t)]):10.1f} {median(sps[(ref + SM, model, nproc, t)]):10.1f} "
+                          f"{median(sps[(ours, model, nproc, t)][:sm_reps]):10.1f} "
+                          f"{median(sps[(ref + SM, model, nproc, t)]):10.1f} "
                           f"{r:6.2f}")
                     summary[f"speedup_vs_{name}_{nproc}proc_{model}_same_malloc"] = r
     print()
@@ -481,6 +523,9 @@ def main():
         return time.time()
 
     print(f"machine: {runner.cores} cores; {os.uname().sysname} {os.uname().release}; work folder {work}")
+    print(f"OpenBLAS (libtorch 1.13's BLAS: fulgur, reference.py) picks the core '{runner.openblas_detected}' here; "
+          + (f"every side runs with OPENBLAS_CORETYPE={runner.openblas_core}" if runner.openblas_core
+             else "OPENBLAS_CORETYPE not set") + f" (--openblas-coretype {args.openblas_coretype})")
 
     if args.fault_only:
         fault_table(runner)
@@ -509,6 +554,10 @@ def main():
     startup = {}  # (ours, ref, model) -> [fulgur's start-up over Lightning's, 2 processes, per rep]
     independent = {}  # model -> [fulgur 2-process samples/s over two independent 1-process runs]
     recs = {}   # (side, model, nproc, threads) -> [per-rank results of every rep]
+    sm_reps = min(args.reps, args.same_malloc_reps)
+    if args.same_malloc and sm_reps < 1:
+        raise SystemExit(f"run.py: --same-malloc-reps {args.same_malloc_reps}: with --same-malloc, at least 1 "
+                         f"repetition (of --reps {args.reps}) must run the *_same_malloc sides")
 
     def record(side, model, nproc, threads, res):
         key = (side, model, nproc, threads)
@@ -518,14 +567,14 @@ def main():
 
     # Every pair of a cell shares the cell's fulgur run; the sides of a cell run one after
     # the other, in the reverse order every second repetition.
-    def cell_pairs(model, nproc):
+    def cell_pairs(model, nproc, rep):
         out = list(pairs)
         for ours, ref in lightning_pairs:
             if lightning_ok.get((ref, model, nproc)):
                 out.append((ours, ref))
         if args.lightning:
             out.append(("ddp", T29))
-        if args.same_malloc:
+        if args.same_malloc and rep < sm_reps:
             out += [(ours, ref + SM) for ours, ref in list(out) if ref != T29]
         return out
 
@@ -535,7 +584,7 @@ def main():
             warm = WARMUP[model]
             for nproc in procs:
                 t = max(1, runner.cores // nproc)
-                cps = cell_pairs(model, nproc)
+                cps = cell_pairs(model, nproc, rep)
                 order = []
                 for ours in ("ddp", "xla"):
                     for o, ref in cps:
@@ -666,7 +715,7 @@ def main():
               + "; ".join(" ".join(f"{v:.1f}" for v in ranks) for ranks in per_rank))
 
     if args.lightning:
-        lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lightning_ok, summary)
+        lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lightning_ok, summary, sm_reps)
     if independent:
         print()
         print("== scaling against the machine's own limit: fulgur DDP 2 processes x 1 thread, over two independent")
@@ -698,7 +747,10 @@ def main():
     print("  by program: " + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(runner.spent.items(), key=lambda kv: -kv[1])))
     print("== summary")
     for k, v in summary.items():
-        print(f"{k} {v:.3f}" if not k.startswith("peak_rss") else f"{k} {v:.1f}")
+        if isinstance(v, int):
+            print(f"{k} {v}")
+        else:
+            print(f"{k} {v:.3f}" if not k.startswith("peak_rss") else f"{k} {v:.1f}")
     if not args.keep:
         subprocess.run(["rm", "-rf", work])
     return 0
