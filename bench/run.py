@@ -21,8 +21,20 @@ not run gets no ratio), then samples/s, start-up to the first finished step, pea
 and loss in the same paired repetitions. --same-malloc adds the Python sides again with
 fulgur's malloc policy (GLIBC_TUNABLES); --fault the fault table (rank 1 raises at step 3).
 
+What make bench leaves out to stay under the issue's 25 minutes on 2 cores (session 6's
+3-repetition run took 27 min 12 s, 481 s of it in the *_same_malloc sides): those sides run
+in the first repetition only (--same-malloc-reps 1), so their keys are one paired ratio each,
+not medians (the summary's same_malloc_repetitions says how many); they say how much of a
+ratio is the allocator, the figures of record are the medians without them. The timed steps
+stay as they were: a run is mostly start-up (Lightning DDP charlm, 1 process: 10.7 s to the
+first step, 3.0 s of timed steps, 3 s to exit, under load 8), so fewer steps would save little.
+
+Every side gets the same thread environment (cores split, OMP_WAIT_POLICY=PASSIVE) and,
+where Debian's OpenBLAS does not know the CPU and would run its SSE3 Prescott kernels, the
+same OPENBLAS_CORETYPE (--openblas-coretype; the header line says what was set).
+
 Ends with a summary block, one figure per line as `name value`.
-  bench/run.py                               # the full run (~15-25 minutes on a shared 2-core machine)
+  bench/run.py                               # the full run (about 22 min on a quiet 2-core machine, estimated)
   bench/run.py --reps 1 --steps-scale 0.5    # a quick look
   bench/run.py --equality-only --tiny   # the CI check (a few steps per model)
 """
