@@ -12,8 +12,10 @@ the bench runs it, and profiles the timed steps with torch.profiler (CPU activit
              (compile and execute counts and times)
 
 Prints the wall time per step, the operators by self CPU time (their share of the profiled
-wall time) and the time outside every operator: the interpreter, the framework's own code
-(the loop, Lightning's hooks, DDP's Python side) and the profiler's own cost. The profiler
+wall time) and the framework's own code: the self time of the ranges a framework opens
+around its Python (DistributedDataParallel.forward, Optimizer.step#AdamW.step, Lightning's
+hooks) plus the time outside every range and operator (the loop, the interpreter and the
+profiler's own cost). The profiler
 adds a few microseconds per op, so the shares, not the absolute times, are the result.
 
 Run it with the interpreter whose torch you want: Debian's /usr/bin/python3 (torch 1.13, the
@@ -23,6 +25,7 @@ fulgur's side (C++, no torch.profiler) use perf on fulgur_bench; bench/RESULTS.m
 """
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -49,6 +52,9 @@ def parse_args():
     return args
 
 
+OP_PREFIXES = ("aten::", "autograd::", "c10d::", "gloo:", "torch::autograd")
+
+
 def report(prof, wall, steps, top):
     if prof is None:
         print(f"wall per step {wall / steps * 1e3:.2f} ms over {steps} steps")
@@ -56,8 +62,15 @@ def report(prof, wall, steps, top):
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     events.sort(key=lambda e: -e.self_cpu_time_total)
     inside = sum(e.self_cpu_time_total for e in events) / 1e6
-    print(f"wall per step {wall / steps * 1e3:.2f} ms over {steps} steps; in operators {inside / wall * 100:.1f} %, "
-          f"outside every operator {(wall - inside) / wall * 100:.1f} % ({(wall - inside) / steps * 1e3:.2f} ms a step)")
+    # Ranges a framework opens around its own Python (DistributedDataParallel.forward,
+    # Optimizer.step#AdamW.step, Lightning's hooks): their self time is that Python, not an op's.
+    # Autograd's nodes (AddmmBackward0) are the engine's, counted with the operators.
+    ranges = sum(e.self_cpu_time_total for e in events
+                 if not e.key.startswith(OP_PREFIXES) and not re.search(r"Backward\d*$", e.key)) / 1e6
+    print(f"wall per step {wall / steps * 1e3:.2f} ms over {steps} steps; in operators "
+          f"{(inside - ranges) / wall * 100:.1f} %; framework code: in the framework's own ranges "
+          f"{ranges / wall * 100:.1f} % + outside every range and operator {(wall - inside) / wall * 100:.1f} % "
+          f"= {(wall - inside + ranges) / steps * 1e3:.2f} ms a step")
     print(f"  {'operator':44s} {'calls/step':>10s} {'self ms/step':>12s} {'share':>6s}")
     for e in events[:top]:
         print(f"  {e.key[:44]:44s} {e.count / steps:10.1f} {e.self_cpu_time_total / 1e3 / steps:12.3f} "
@@ -204,7 +217,6 @@ def main():
 
 
 def blas_of(torch):
-    import re
     m = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
     return m.group(1) if m else "unknown"
 

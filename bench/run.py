@@ -526,7 +526,8 @@ def main():
     pairs = [("ddp", "eager")] + ([] if args.skip_lazy else [("xla", "lazy")])
     work = tempfile.mkdtemp(prefix="fulgur-bench-")
     runner = Runner(args, work)
-    runner.init(models)
+    # The fault table trains the MLP whatever --models says.
+    runner.init(models + (["mlp"] if (args.fault or args.fault_only) and "mlp" not in models else []))
     t_start = time.time()
     phases = {}  # phase -> wall seconds
 
