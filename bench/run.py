@@ -21,8 +21,20 @@ not run gets no ratio), then samples/s, start-up to the first finished step, pea
 and loss in the same paired repetitions. --same-malloc adds the Python sides again with
 fulgur's malloc policy (GLIBC_TUNABLES); --fault the fault table (rank 1 raises at step 3).
 
+What make bench leaves out to stay under the issue's 25 minutes on 2 cores (session 6's
+3-repetition run took 27 min 12 s, 481 s of it in the *_same_malloc sides): those sides run
+in the first repetition only (--same-malloc-reps 1), so their keys are one paired ratio each,
+not medians (the summary's same_malloc_repetitions says how many); they say how much of a
+ratio is the allocator, the figures of record are the medians without them. The timed steps
+stay as they were: a run is mostly start-up (Lightning DDP charlm, 1 process: 10.7 s to the
+first step, 3.0 s of timed steps, 3 s to exit, under load 8), so fewer steps would save little.
+
+Every side gets the same thread environment (cores split, OMP_WAIT_POLICY=PASSIVE) and,
+where Debian's OpenBLAS does not know the CPU and would run its SSE3 Prescott kernels, the
+same OPENBLAS_CORETYPE (--openblas-coretype; the header line says what was set).
+
 Ends with a summary block, one figure per line as `name value`.
-  bench/run.py                               # the full run (~15-25 minutes on a shared 2-core machine)
+  bench/run.py                               # the full run (about 22 min on a quiet 2-core machine, estimated)
   bench/run.py --reps 1 --steps-scale 0.5    # a quick look
   bench/run.py --equality-only --tiny   # the CI check (a few steps per model)
 """
@@ -79,13 +91,47 @@ def parse_args():
                    help="the interpreter of the bench environment (scripts/install-bench-env)")
     p.add_argument("--same-malloc", action="store_true",
                    help="also run the Python sides with fulgur's malloc policy (GLIBC_TUNABLES): *_same_malloc keys")
+    p.add_argument("--same-malloc-reps", type=int, default=1,
+                   help="with --same-malloc, the repetitions (the first N) that run the *_same_malloc sides; they "
+                        "are a third of the run's time, and the keys say how the allocator moves a ratio, not "
+                        "a figure of record (default 1; --reps for every repetition)")
     p.add_argument("--dump", help="also write every run's results to this JSON file")
     p.add_argument("--fault", action="store_true", help="the fault comparison: 2 processes, rank 1 raises at step 3")
     p.add_argument("--fault-only", action="store_true", help="only the fault table (with --lightning: all four rows)")
     p.add_argument("--fault-timeout", type=float, default=120.0)
+    p.add_argument("--openblas-coretype", default="auto",
+                   help="OPENBLAS_CORETYPE for every side: 'auto' sets it only where Debian's OpenBLAS (the BLAS of "
+                        "libtorch 1.13: fulgur and reference.py) does not know this CPU and falls back to its SSE3 "
+                        "'Prescott' kernels (then SkylakeX on an AVX-512 CPU, Haswell on AVX2); 'none' never sets it; "
+                        "or a core name, as OpenBLAS spells it")
     p.add_argument("--lightning-rtol-ddp", type=float, default=1e-5)
     p.add_argument("--lightning-rtol-xla", type=float, default=1e-4)
     return p.parse_args()
+
+
+def openblas_coretype(choice):
+    """(the core Debian's OpenBLAS picks here, the OPENBLAS_CORETYPE to give every side or None).
+    OpenBLAS 0.3.21 (Debian 12) picks its kernels by CPU model; a model it does not know (here
+    family 6 model 207) gets the SSE3 'Prescott' kernels: sgemm at 8-14 GFLOP/s against 47-71
+    with SkylakeX's on this machine (2048x128 by 128x512, measured in session 7)."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        detected = lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        detected = "none (libopenblas.so.0 not found)"
+    if choice == "none":
+        return detected, None
+    if choice != "auto":
+        return detected, choice
+    if detected.lower() != "prescott":
+        return detected, None
+    with open("/proc/cpuinfo") as f:
+        flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    if "avx512f" in flags:
+        return detected, "SkylakeX"
+    return detected, ("Haswell" if "avx2" in flags else None)
 
 
 class Runner:
@@ -96,6 +142,7 @@ class Runner:
         cores = len(os.sched_getaffinity(0))
         self.cores = cores
         self.spent = {}  # what the run's wall time went to: "<program>" -> seconds
+        self.openblas_detected, self.openblas_core = openblas_coretype(args.openblas_coretype)
 
     def account(self, what, seconds):
         self.spent[what] = self.spent.get(what, 0.0) + seconds
@@ -110,6 +157,8 @@ class Runner:
         env["OMP_NUM_THREADS"] = str(threads)
         env["OPENBLAS_NUM_THREADS"] = str(threads)
         env["OMP_WAIT_POLICY"] = "PASSIVE"
+        if self.openblas_core:
+            env["OPENBLAS_CORETYPE"] = self.openblas_core
         return env
 
     def timed_call(self, cmd, env):
@@ -368,7 +417,7 @@ def fault_table(runner):
     return rows
 
 
-def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lightning_ok, summary):
+def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lightning_ok, summary, sm_reps):
     print()
     print(f"== against Lightning (issue 17): samples/s end to end (median of {args.reps} paired repetitions; "
           "ratio = median of per-rep ratios)")
@@ -392,7 +441,11 @@ def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lig
     if args.same_malloc:
         print()
         print("== the same with fulgur's malloc policy on the Python side too "
-              f"(GLIBC_TUNABLES={SAME_MALLOC})")
+              f"(GLIBC_TUNABLES={SAME_MALLOC});")
+        print(f"   {sm_reps} of the {args.reps} repetitions ran these sides (--same-malloc-reps): the ratio is the median "
+              f"of {sm_reps} paired ratio(s), fulgur/s the median of the same repetitions; the summary's "
+              "same_malloc_repetitions says how many")
+        summary["same_malloc_repetitions"] = sm_reps
         for model in models:
             for nproc in procs:
                 t = max(1, runner.cores // nproc)
@@ -404,7 +457,8 @@ def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lig
                         continue
                     r = median(ratio[key])
                     print(f"  {model:7s} {nproc:5d}  {'fulgur_' + ours + ' / ' + ref + SM:44s} "
-                          f"{median(sps[(ours, model, nproc, t)]):10.1f} {median(sps[(ref + SM, model, nproc, t)]):10.1f} "
+                          f"{median(sps[(ours, model, nproc, t)][:sm_reps]):10.1f} "
+                          f"{median(sps[(ref + SM, model, nproc, t)]):10.1f} "
                           f"{r:6.2f}")
                     summary[f"speedup_vs_{name}_{nproc}proc_{model}_same_malloc"] = r
     print()
@@ -472,7 +526,8 @@ def main():
     pairs = [("ddp", "eager")] + ([] if args.skip_lazy else [("xla", "lazy")])
     work = tempfile.mkdtemp(prefix="fulgur-bench-")
     runner = Runner(args, work)
-    runner.init(models)
+    # The fault table trains the MLP whatever --models says.
+    runner.init(models + (["mlp"] if (args.fault or args.fault_only) and "mlp" not in models else []))
     t_start = time.time()
     phases = {}  # phase -> wall seconds
 
@@ -481,6 +536,9 @@ def main():
         return time.time()
 
     print(f"machine: {runner.cores} cores; {os.uname().sysname} {os.uname().release}; work folder {work}")
+    print(f"OpenBLAS (libtorch 1.13's BLAS: fulgur, reference.py) picks the core '{runner.openblas_detected}' here; "
+          + (f"every side runs with OPENBLAS_CORETYPE={runner.openblas_core}" if runner.openblas_core
+             else "OPENBLAS_CORETYPE not set") + f" (--openblas-coretype {args.openblas_coretype})")
 
     if args.fault_only:
         fault_table(runner)
@@ -509,6 +567,10 @@ def main():
     startup = {}  # (ours, ref, model) -> [fulgur's start-up over Lightning's, 2 processes, per rep]
     independent = {}  # model -> [fulgur 2-process samples/s over two independent 1-process runs]
     recs = {}   # (side, model, nproc, threads) -> [per-rank results of every rep]
+    sm_reps = min(args.reps, args.same_malloc_reps)
+    if args.same_malloc and sm_reps < 1:
+        raise SystemExit(f"run.py: --same-malloc-reps {args.same_malloc_reps}: with --same-malloc, at least 1 "
+                         f"repetition (of --reps {args.reps}) must run the *_same_malloc sides")
 
     def record(side, model, nproc, threads, res):
         key = (side, model, nproc, threads)
@@ -518,14 +580,14 @@ def main():
 
     # Every pair of a cell shares the cell's fulgur run; the sides of a cell run one after
     # the other, in the reverse order every second repetition.
-    def cell_pairs(model, nproc):
+    def cell_pairs(model, nproc, rep):
         out = list(pairs)
         for ours, ref in lightning_pairs:
             if lightning_ok.get((ref, model, nproc)):
                 out.append((ours, ref))
         if args.lightning:
             out.append(("ddp", T29))
-        if args.same_malloc:
+        if args.same_malloc and rep < sm_reps:
             out += [(ours, ref + SM) for ours, ref in list(out) if ref != T29]
         return out
 
@@ -535,7 +597,7 @@ def main():
             warm = WARMUP[model]
             for nproc in procs:
                 t = max(1, runner.cores // nproc)
-                cps = cell_pairs(model, nproc)
+                cps = cell_pairs(model, nproc, rep)
                 order = []
                 for ours in ("ddp", "xla"):
                     for o, ref in cps:
@@ -666,7 +728,7 @@ def main():
               + "; ".join(" ".join(f"{v:.1f}" for v in ranks) for ranks in per_rank))
 
     if args.lightning:
-        lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lightning_ok, summary)
+        lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lightning_ok, summary, sm_reps)
     if independent:
         print()
         print("== scaling against the machine's own limit: fulgur DDP 2 processes x 1 thread, over two independent")
@@ -698,7 +760,10 @@ def main():
     print("  by program: " + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(runner.spent.items(), key=lambda kv: -kv[1])))
     print("== summary")
     for k, v in summary.items():
-        print(f"{k} {v:.3f}" if not k.startswith("peak_rss") else f"{k} {v:.1f}")
+        if isinstance(v, int):
+            print(f"{k} {v}")
+        else:
+            print(f"{k} {v:.3f}" if not k.startswith("peak_rss") else f"{k} {v:.1f}")
     if not args.keep:
         subprocess.run(["rm", "-rf", work])
     return 0
