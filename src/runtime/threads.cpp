@@ -1,11 +1,16 @@
 #include "runtime/threads.h"
 
+#include "runtime/log.h"
+
 #include <ATen/Parallel.h>
 
 #include <dlfcn.h>
+#include <strings.h>
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <thread>
 
 namespace fulgur::runtime {
@@ -34,6 +39,23 @@ void apply_thread_policy(int64_t local_world_size) {
   // OpenBLAS keeps a pool of its own; size it too when it is the BLAS in use.
   using SetThreads = void (*)(int);
   if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(n);
+}
+
+void warn_if_blas_kernels_are_generic() {
+  static std::atomic<bool> warned{false};
+  using CoreName = char* (*)();
+  auto core_name = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  if (!core_name || warned.exchange(true)) return;
+  const char* core = core_name();
+  if (!core || strcasecmp(core, "prescott") != 0) return;
+  const char* better = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : nullptr;
+  if (!better) return;  // an old CPU: SSE3 is what it has
+  log_rank_zero(LogLevel::kWarning,
+                std::string("OpenBLAS runs its generic Prescott (SSE3) kernels on this CPU, which has ") +
+                    (std::strcmp(better, "SkylakeX") == 0 ? "AVX-512" : "AVX2") +
+                    ": it did not recognise the CPU model, and matrix products run several times slower. Start "
+                    "the program with OPENBLAS_CORETYPE=" + better +
+                    " in its environment (OpenBLAS chooses when it loads, before fulgur can)");
 }
 
 }  // namespace fulgur::runtime

@@ -24,4 +24,10 @@ std::map<std::string, std::string> thread_environment(int64_t local_world_size);
 // Applies the policy to this (already running) process.
 void apply_thread_policy(int64_t local_world_size);
 
+// Once per process, on global rank 0: a warning when OpenBLAS picked its generic
+// Prescott kernels on a CPU with AVX2 or AVX-512 (Debian's 0.3.21 does so for CPU
+// models it does not know), naming the OPENBLAS_CORETYPE that fixes it. Called when
+// a stage starts in a worker (rank 0 of a job prints it once).
+void warn_if_blas_kernels_are_generic();
+
 }  // namespace fulgur::runtime

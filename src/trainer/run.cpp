@@ -13,6 +13,7 @@
 #include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/signals.h"
+#include "runtime/threads.h"
 #include "trainer/trainer_impl.h"
 
 #include <torch/torch.h>
@@ -47,6 +48,7 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
   strategy->setup_environment();
   // Messages of this stage take the ranks from the strategy's environment.
   runtime::RankScope log_ranks(strategy->global_rank(), strategy->world_size());
+  runtime::warn_if_blas_kernels_are_generic();
   struct Teardown {
     Strategy* s;
     ~Teardown() { s->teardown(); }
