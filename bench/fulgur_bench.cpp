@@ -20,6 +20,7 @@
 #include <CLI/CLI.hpp>
 
 #include <dlfcn.h>
+#include <sys/resource.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -93,12 +94,16 @@ class BenchCallback : public fulgur::Callback {
       start_ = Clock::now();
       sync_start_ = sync_seconds(trainer);
       execute_start_ = execute_seconds();
+      cpu_start_ = cpu_seconds();
+      if (s_.accelerator == "xla") metrics_start_ = fulgur::xla::metrics();
     }
     if (step == s_.warmup + s_.steps) {
       final_loss_ = sync(out);
       seconds_ = std::chrono::duration<double>(Clock::now() - start_).count();
       sync_total_ = sync_seconds(trainer) - sync_start_;
       execute_total_ = execute_seconds() - execute_start_;
+      cpu_total_ = cpu_seconds() - cpu_start_;
+      if (s_.accelerator == "xla") metrics_end_ = fulgur::xla::metrics();
     }
   }
 
@@ -117,6 +122,7 @@ class BenchCallback : public fulgur::Callback {
        << ", \"samples_per_s\": " << static_cast<double>(s_.batch_size * world * s_.steps) / seconds_
        << ", \"step_seconds\": " << seconds_ / static_cast<double>(s_.steps) << ", \"final_loss\": " << final_loss_
        << ", \"sync_seconds_per_step\": " << sync_total_ / static_cast<double>(s_.steps)
+       << ", \"cpu_seconds_per_step\": " << cpu_total_ / static_cast<double>(s_.steps)
        << ", \"peak_rss_mb\": " << status_mb("VmHWM:") << ", \"first_step_unix\": " << std::fixed << std::setprecision(6) << first_step_unix_
        << std::defaultfloat << std::setprecision(10)
        << ", \"rss_mb_by_epoch\": [";
@@ -130,6 +136,12 @@ class BenchCallback : public fulgur::Callback {
          << ", \"graph_execute_seconds_per_step\": " << execute_total_ / static_cast<double>(s_.steps)
          << ", \"compile_step_seconds\": " << m.compile_seconds << ", \"xla_graphs_compiled\": " << m.xla_graphs_compiled
          << ", \"xla_compile_seconds\": " << m.xla_compile_seconds;
+      // Per timed step: step marks, PJRT executions, bytes moved (what a step costs beyond compute).
+      const double n = static_cast<double>(s_.steps);
+      js << ", \"mark_steps_per_step\": " << (metrics_end_.mark_steps - metrics_start_.mark_steps) / n
+         << ", \"xla_executions_per_step\": " << (metrics_end_.xla_executions - metrics_start_.xla_executions) / n
+         << ", \"bytes_to_device_per_step\": " << (metrics_end_.bytes_to_device - metrics_start_.bytes_to_device) / n
+         << ", \"bytes_to_host_per_step\": " << (metrics_end_.bytes_to_host - metrics_start_.bytes_to_host) / n;
     }
     if (s_.raw_allreduce && world > 1) communication(trainer, model, js);
     js << "}";
@@ -141,6 +153,15 @@ class BenchCallback : public fulgur::Callback {
   double sync(const fulgur::StepOutput& out) {
     if (s_.accelerator == "xla") fulgur::xla::mark_step();
     return out.loss().item<double>();
+  }
+
+  // CPU time of the whole process (every thread, user + system): on a loaded machine it moves
+  // less than wall time, though it counts the time the plugin's threads spin for work as well.
+  static double cpu_seconds() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
   }
 
   static double unix_seconds() {
@@ -200,7 +221,9 @@ class BenchCallback : public fulgur::Callback {
   Clock::time_point start_;
   std::vector<double> rss_by_epoch_;
   int64_t graphs_before_ = 0;
+  fulgur::xla::BackendMetrics metrics_start_, metrics_end_;  // at the first and last timed step
   double seconds_ = 0.0, final_loss_ = 0.0, sync_start_ = 0.0, sync_total_ = 0.0;
+  double cpu_start_ = 0.0, cpu_total_ = 0.0;
   double execute_start_ = 0.0, execute_total_ = 0.0, first_step_unix_ = 0.0;
 };
 

@@ -698,6 +698,58 @@ graph(%x : Tensor, %w : Tensor, %b : Tensor, %g : Tensor):
   }
 }
 
+// A convolution of one input feature with at most 25 kernel taps (float32/float64, groups 1) is
+// written as a sum of shifted windows times the taps, not as a stablehlo.convolution (XLA:CPU's
+// Eigen convolution is slow there, bench/RESULTS.md); others stay one stablehlo.convolution.
+// float32 within 1e-5 relative + 1e-5 absolute (sums of up to 25 products of values of std
+// about 1, added in tap order, where oneDNN may fuse multiply-adds: 2e-6 seen), float64 1e-12.
+TEST(StableHlo, ConvolutionOfOneInputFeatureIsASumOfShiftedWindows) {
+  const std::string ir = R"IR(
+graph(%x : Tensor, %w : Tensor, %b : Tensor):
+  %stride : int[] = prim::Constant[value=[STRIDE]]()
+  %padding : int[] = prim::Constant[value=[PADDING]]()
+  %dilation : int[] = prim::Constant[value=[DILATION]]()
+  %false : bool = prim::Constant[value=0]()
+  %no_pad : int[] = prim::Constant[value=[NOPAD]]()
+  %groups : int = prim::Constant[value=1]()
+  %y : Tensor = aten::convolution(%x, %w, %b, %stride, %padding, %dilation, %false, %no_pad, %groups)
+  %r : Tensor = aten::relu(%y)
+  return (%r, %y)
+)IR";
+  struct Case {
+    std::vector<int64_t> x, w;
+    std::string stride, padding, dilation;
+    bool shifted_sum;
+  };
+  torch::manual_seed(16);
+  for (const Case& c : {// the MNIST CNN's conv1, its batch of 64
+                        Case{{64, 1, 28, 28}, {16, 1, 5, 5}, "1, 1", "2, 2", "1, 1", true},
+                        Case{{3, 1, 11, 9}, {4, 1, 3, 2}, "2, 3", "1, 0", "2, 1", true},
+                        Case{{2, 1, 7, 8}, {3, 1, 1, 1}, "1, 1", "0, 0", "1, 1", true},
+                        // one spatial dim: 5 taps
+                        Case{{2, 1, 20}, {6, 1, 5}, "2", "3", "2", true},
+                        // 36 taps, and 2 input features: a stablehlo.convolution
+                        Case{{2, 1, 12, 12}, {4, 1, 6, 6}, "1, 1", "2, 2", "1, 1", false},
+                        Case{{2, 2, 12, 12}, {4, 2, 5, 5}, "1, 1", "2, 2", "1, 1", false}}) {
+    std::string text = ir;
+    const std::string output_padding = c.x.size() == 3 ? "0" : "0, 0";
+    for (const auto& [key, value] : {std::pair<std::string, std::string>{"STRIDE", c.stride}, {"PADDING", c.padding},
+                                     {"DILATION", c.dilation}, {"NOPAD", output_padding}})
+      text = std::regex_replace(text, std::regex(key), value);
+    const std::string label = "input " + c10::str(c.x) + " kernel " + c10::str(c.w) + " stride " + c.stride +
+                              " padding " + c.padding + " dilation " + c.dilation;
+    SCOPED_TRACE(label);
+    const std::vector<torch::Tensor> inputs = {torch::randn(c.x), torch::randn(c.w), torch::randn({c.w[0]})};
+    check(text, {inputs[0], inputs[1], inputs[2]}, label, {1e-5, 1e-5});
+    check(text, {inputs[0].to(torch::kDouble), inputs[1].to(torch::kDouble), inputs[2].to(torch::kDouble)},
+          label + ", float64", {1e-12, 1e-12});
+    const auto graph = parse(text);
+    run_eager_and_type(*graph, {inputs[0], inputs[1], inputs[2]});
+    const std::string module = emit_stablehlo(*graph).module;
+    EXPECT_EQ(module.find("stablehlo.convolution") == std::string::npos, c.shifted_sum) << module;
+  }
+}
+
 TEST(StableHlo, MaxPoolWithIndicesAndItsBackward) {
   const std::string ir = R"IR(
 graph(%x : Tensor, %g : Tensor):

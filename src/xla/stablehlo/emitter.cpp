@@ -221,6 +221,11 @@ class Emitter {
   Operand conv(const Operand& lhs, const Operand& rhs, const std::string& layout, const Dims& dims,
                const Dims& strides, const std::vector<std::pair<int64_t, int64_t>>& padding, const Dims& lhs_dilation,
                const Dims& rhs_dilation, int64_t feature_groups);
+  // A convolution of one input feature (groups 1, float32 or float64, at most
+  // kMaxShiftedSumTaps kernel taps), as the sum over the taps of a shifted window of the padded
+  // input times that tap's weights; see convolution().
+  Operand conv_as_shifted_sum(const Operand& x, const Operand& w, const Dims& dims, const Dims& stride,
+                              const Dims& padding, const Dims& dilation);
   // The window arguments of a convolution or a pooling, one per spatial dim (a single value
   // repeated); checks the node's other arguments are those the lowerings handle.
   static Dims spatial_arg(const Node* n, size_t i, const char* what, size_t spatial, const Dims& if_empty);
@@ -929,7 +934,72 @@ std::string conv_layout(const char* first, const char* second, size_t spatial) {
   return s + "]";
 }
 
+// The most kernel taps (product of the kernel's spatial sizes) a convolution of one input
+// feature is written as a shifted sum for: 5x5 is the case measured (bench/RESULTS.md); the
+// program grows by six ops per tap.
+constexpr int64_t kMaxShiftedSumTaps = 25;
+
+// out[b, o, p] = sum over taps k of x_padded[b, 0, p * stride + k * dilation] * w[o, 0, k]: each
+// tap a strided slice of the padded input broadcast over the output features, times the tap's
+// column of weights broadcast over batch and space, the products added in tap order. XLA fuses
+// the whole sum (and the bias and activation after it) into one elementwise loop.
+Operand Emitter::conv_as_shifted_sum(const Operand& x, const Operand& w, const Dims& dims, const Dims& stride,
+                                     const Dims& padding, const Dims& dilation) {
+  const size_t spatial = x.dims.size() - 2;
+  const int64_t rank = static_cast<int64_t>(x.dims.size());
+  Dims low = {0, 0}, interior(x.dims.size(), 0), padded = x.dims;
+  for (size_t i = 0; i < spatial; ++i) {
+    low.push_back(padding[i]);
+    padded[i + 2] += 2 * padding[i];
+  }
+  const Operand xp = op("stablehlo.pad", {x, splat(0, {}, x.dtype)}, padded, x.dtype,
+                        "edge_padding_high = " + i64_array(low) + ", edge_padding_low = " + i64_array(low) +
+                            ", interior_padding = " + i64_array(interior));
+  int64_t taps = 1;
+  for (size_t i = 0; i < spatial; ++i) taps *= w.dims[i + 2];
+  const int64_t features = w.dims[0];
+  const Operand columns = reshape(w, {features, taps});
+  Dims all(x.dims.size());
+  for (int64_t d = 0; d < rank; ++d) all[d] = d;
+  Dims window = dims;
+  window[1] = 1;
+  Operand sum;
+  for (int64_t k = 0; k < taps; ++k) {
+    Dims start = {0, 0}, limit = {x.dims[0], 1}, steps = {1, 1};
+    int64_t rest = k;
+    Dims offset(spatial);
+    for (size_t i = spatial; i-- > 0;) {
+      offset[i] = rest % w.dims[i + 2];
+      rest /= w.dims[i + 2];
+    }
+    for (size_t i = 0; i < spatial; ++i) {
+      start.push_back(offset[i] * dilation[i]);
+      limit.push_back(start.back() + (dims[i + 2] - 1) * stride[i] + 1);
+      steps.push_back(stride[i]);
+    }
+    const Operand shifted = op("stablehlo.slice", {xp}, window, x.dtype,
+                               "limit_indices = " + i64_array(limit) + ", start_indices = " + i64_array(start) +
+                                   ", strides = " + i64_array(steps));
+    const Operand tap = op("stablehlo.slice", {columns}, {features, 1}, x.dtype,
+                           "limit_indices = " + i64_array({features, k + 1}) + ", start_indices = " +
+                               i64_array({0, k}) + ", strides = " + i64_array({1, 1}));
+    const Operand product =
+        mul(op("stablehlo.broadcast_in_dim", {shifted}, dims, x.dtype, "broadcast_dimensions = " + i64_array(all)),
+            op("stablehlo.broadcast_in_dim", {tap}, dims, x.dtype, "broadcast_dimensions = array<i64: 1, 0>"));
+    sum = k == 0 ? product : add(sum, product);
+  }
+  return sum;
+}
+
 // (input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
+//
+// A convolution of one input feature (the MNIST CNN's first) is written as a shifted sum
+// (conv_as_shifted_sum) when it has groups 1, at most kMaxShiftedSumTaps taps and a float32 or
+// float64 result: XLA:CPU runs a stablehlo.convolution as Eigen's spatial convolution, whose
+// contraction over 1 x 5 x 5 values per output is 4-5x slower than the shifted sum's one fused
+// loop on the CNN's conv1 (bench/RESULTS.md, `xla_op_bench`). Other convolutions are one
+// stablehlo.convolution in PyTorch's NCHW / OIHW layout (XLA's layout assignment moves the
+// features minor for Eigen by itself).
 void Emitter::convolution(const Node* n) {
   const c10::ScalarType t = out_dtype(n);
   const Operand x = as(in(n, 0), t), w = as(in(n, 1), t);
@@ -937,11 +1007,19 @@ void Emitter::convolution(const Node* n) {
   if (bool_arg(n, 6, "transposed")) throw Unsupported{"transposed"};
   const Dims stride = spatial_arg(n, 3, "stride", spatial, {1}), padding = spatial_arg(n, 4, "padding", spatial, {0}),
              dilation = spatial_arg(n, 5, "dilation", spatial, {1});
-  std::vector<std::pair<int64_t, int64_t>> pads;
-  for (int64_t p : padding) pads.emplace_back(p, p);
-  const std::string layout = conv_layout("b", "f", spatial) + "x" + conv_layout("o", "i", spatial) + "->" +
-                             conv_layout("b", "f", spatial);
-  Operand out = conv(x, w, layout, out_dims(n), stride, pads, Dims(spatial, 1), dilation, int_arg(n, 8, "groups"));
+  const int64_t groups = int_arg(n, 8, "groups");
+  int64_t taps = 1;
+  for (size_t i = 0; i < spatial; ++i) taps *= w.dims[i + 2];
+  Operand out;
+  if (x.dims[1] == 1 && groups == 1 && taps <= kMaxShiftedSumTaps && (t == c10::kFloat || t == c10::kDouble)) {
+    out = conv_as_shifted_sum(x, w, out_dims(n), stride, padding, dilation);
+  } else {
+    std::vector<std::pair<int64_t, int64_t>> pads;
+    for (int64_t p : padding) pads.emplace_back(p, p);
+    const std::string layout = conv_layout("b", "f", spatial) + "x" + conv_layout("o", "i", spatial) + "->" +
+                               conv_layout("b", "f", spatial);
+    out = conv(x, w, layout, out_dims(n), stride, pads, Dims(spatial, 1), dilation, groups);
+  }
   if (!none_arg(n, 2))
     out = add(out, op("stablehlo.broadcast_in_dim", {as(in(n, 2), t)}, out.dims, t, "broadcast_dimensions = array<i64: 1>"));
   set(n, 0, out);
