@@ -208,10 +208,15 @@ std::string conv_im2col_gemm(const ConvShape& s) {
 
 // One input channel only: the sum over the k*k kernel taps of a shifted window of the padded
 // input (a slice, broadcast over the output features) times that tap's weights (broadcast over
-// batch and space), all elementwise, so that XLA fuses it into one loop.
-std::string conv_shifted_sum(const ConvShape& s) {
+// batch and space), all elementwise, so that XLA fuses it into one loop. With `features_minor`
+// the sum is made as [n, h, w, o] (each tap a vector of o weights times one input value) and
+// transposed to [n, o, h, w] at the end.
+std::string conv_shifted_sum(const ConvShape& s, bool features_minor) {
   const int64_t p = s.k / 2;
-  const auto xp = tensor({s.n, 1, s.h + 2 * p, s.w + 2 * p}), y = tensor({s.n, s.o, s.h, s.w});
+  const auto xp = tensor({s.n, 1, s.h + 2 * p, s.w + 2 * p});
+  const auto y = features_minor ? tensor({s.n, s.h, s.w, s.o}) : tensor({s.n, s.o, s.h, s.w});
+  const std::string window_dims = features_minor ? "0, 3, 1, 2" : "0, 1, 2, 3";
+  const std::string tap_dims = features_minor ? "3, 0" : "1, 0";
   std::string b = "    %z = \"stablehlo.constant\"() {value = dense<0.0> : tensor<f32>} : () -> tensor<f32>\n"
                   "    %xp = \"stablehlo.pad\"(%x, %z) {edge_padding_high = array<i64: 0, 0, " + list({p, p}) +
                   ">, edge_padding_low = array<i64: 0, 0, " + list({p, p}) +
@@ -225,13 +230,13 @@ std::string conv_shifted_sum(const ConvShape& s) {
       b += "    %s" + id + " = \"stablehlo.slice\"(%xp) {limit_indices = array<i64: " + list({s.n, 1, i + s.h, j + s.w}) +
            ">, start_indices = array<i64: 0, 0, " + list({i, j}) + ">, strides = array<i64: 1, 1, 1, 1>} : (" + xp +
            ") -> " + tensor({s.n, 1, s.h, s.w}) + "\n";
-      b += "    %sb" + id + " = \"stablehlo.broadcast_in_dim\"(%s" + id +
-           ") {broadcast_dimensions = array<i64: 0, 1, 2, 3>} : (" + tensor({s.n, 1, s.h, s.w}) + ") -> " + y + "\n";
+      b += "    %sb" + id + " = \"stablehlo.broadcast_in_dim\"(%s" + id + ") {broadcast_dimensions = array<i64: " +
+           window_dims + ">} : (" + tensor({s.n, 1, s.h, s.w}) + ") -> " + y + "\n";
       b += "    %t" + id + " = \"stablehlo.slice\"(%w2) {limit_indices = array<i64: " + list({s.o, i * s.k + j + 1}) +
            ">, start_indices = array<i64: 0, " + id + ">, strides = array<i64: 1, 1>} : (" + tensor({s.o, s.k * s.k}) +
            ") -> " + tensor({s.o, 1}) + "\n";
-      b += "    %tb" + id + " = \"stablehlo.broadcast_in_dim\"(%t" + id +
-           ") {broadcast_dimensions = array<i64: 1, 0>} : (" + tensor({s.o, 1}) + ") -> " + y + "\n";
+      b += "    %tb" + id + " = \"stablehlo.broadcast_in_dim\"(%t" + id + ") {broadcast_dimensions = array<i64: " +
+           tap_dims + ">} : (" + tensor({s.o, 1}) + ") -> " + y + "\n";
       b += "    %m" + id + " = \"stablehlo.multiply\"(%sb" + id + ", %tb" + id + ") : (" + y + ", " + y + ") -> " + y + "\n";
       if (acc.empty()) {
         acc = "%m" + id;
@@ -240,42 +245,7 @@ std::string conv_shifted_sum(const ConvShape& s) {
         acc = "%acc" + id;
       }
     }
-  return module(s, b, acc);
-}
-
-// The same sum with the output features as the minor dim ([n, h, w, o]: each tap a vector of
-// o weights times one input value), transposed to [n, o, h, w] at the end.
-std::string conv_shifted_sum_features_minor(const ConvShape& s) {
-  const int64_t p = s.k / 2;
-  const auto xp = tensor({s.n, 1, s.h + 2 * p, s.w + 2 * p}), y = tensor({s.n, s.h, s.w, s.o});
-  std::string b = "    %z = \"stablehlo.constant\"() {value = dense<0.0> : tensor<f32>} : () -> tensor<f32>\n"
-                  "    %xp = \"stablehlo.pad\"(%x, %z) {edge_padding_high = array<i64: 0, 0, " + list({p, p}) +
-                  ">, edge_padding_low = array<i64: 0, 0, " + list({p, p}) +
-                  ">, interior_padding = array<i64: 0, 0, 0, 0>} : (" + tensor({s.n, 1, s.h, s.w}) +
-                  ", tensor<f32>) -> " + xp + "\n";
-  b += "    %w2 = \"stablehlo.reshape\"(%w) : (" + tensor({s.o, 1, s.k, s.k}) + ") -> " + tensor({s.o, s.k * s.k}) + "\n";
-  std::string acc;
-  for (int64_t i = 0; i < s.k; ++i)
-    for (int64_t j = 0; j < s.k; ++j) {
-      const std::string id = std::to_string(i * s.k + j);
-      b += "    %s" + id + " = \"stablehlo.slice\"(%xp) {limit_indices = array<i64: " + list({s.n, 1, i + s.h, j + s.w}) +
-           ">, start_indices = array<i64: 0, 0, " + list({i, j}) + ">, strides = array<i64: 1, 1, 1, 1>} : (" + xp +
-           ") -> " + tensor({s.n, 1, s.h, s.w}) + "\n";
-      b += "    %sb" + id + " = \"stablehlo.broadcast_in_dim\"(%s" + id +
-           ") {broadcast_dimensions = array<i64: 0, 3, 1, 2>} : (" + tensor({s.n, 1, s.h, s.w}) + ") -> " + y + "\n";
-      b += "    %t" + id + " = \"stablehlo.slice\"(%w2) {limit_indices = array<i64: " + list({s.o, i * s.k + j + 1}) +
-           ">, start_indices = array<i64: 0, " + id + ">, strides = array<i64: 1, 1>} : (" + tensor({s.o, s.k * s.k}) +
-           ") -> " + tensor({s.o, 1}) + "\n";
-      b += "    %tb" + id + " = \"stablehlo.broadcast_in_dim\"(%t" + id +
-           ") {broadcast_dimensions = array<i64: 3, 0>} : (" + tensor({s.o, 1}) + ") -> " + y + "\n";
-      b += "    %m" + id + " = \"stablehlo.multiply\"(%sb" + id + ", %tb" + id + ") : (" + y + ", " + y + ") -> " + y + "\n";
-      if (acc.empty()) {
-        acc = "%m" + id;
-      } else {
-        b += "    %acc" + id + " = \"stablehlo.add\"(" + acc + ", %m" + id + ") : (" + y + ", " + y + ") -> " + y + "\n";
-        acc = "%acc" + id;
-      }
-    }
+  if (!features_minor) return module(s, b, acc);
   b += "    %y = \"stablehlo.transpose\"(" + acc + ") {permutation = array<i64: 0, 3, 1, 2>} : (" + y + ") -> " +
        tensor({s.n, s.o, s.h, s.w}) + "\n";
   return module(s, b, "%y");
@@ -327,8 +297,8 @@ void compare_lowerings(const ConvShape& s, int warmup, int reps) {
   add("im2col + batched dot_general", conv_im2col(s));
   add("im2col + one dot_general + transpose", conv_im2col_gemm(s));
   if (s.c == 1) {
-    add("sum of k*k shifted windows x taps", conv_shifted_sum(s));
-    add("the same, features minor + transpose", conv_shifted_sum_features_minor(s));
+    add("sum of k*k shifted windows x taps", conv_shifted_sum(s, false));
+    add("the same, features minor + transpose", conv_shifted_sum(s, true));
     add("floor: output-sized broadcast", output_floor(s), false);
   }
   std::vector<std::vector<double>> t(variants.size());
