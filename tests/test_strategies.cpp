@@ -727,7 +727,8 @@ TEST(Logging, LinesOfTwoRanksStayWholeAndTheLevelIsChosenByEnvironment) {
   EXPECT_EQ(end, 3);
   const std::string quiet = stderr_of_two_worker_fit(dir.path, "warning", {std::make_shared<Chatty>()});
   EXPECT_EQ(count_of(quiet, "cluster environment"), 0);
-  EXPECT_EQ(count_of(quiet, "\n"), 2 * 4 * 50);
+  // The warning level keeps rank 0's OpenBLAS warning where this CPU gets generic kernels.
+  EXPECT_EQ(count_of(quiet, "\n") - count_of(quiet, "fulgur: OpenBLAS runs its generic Prescott"), 2 * 4 * 50);
   EXPECT_EQ(count_of(stderr_of_two_worker_fit(dir.path, "debug"), "cluster environment"), 2) << "every rank's, at debug";
   EXPECT_EQ(stderr_of_two_worker_fit(dir.path, "off", {std::make_shared<Chatty>()}), "");
 }
