@@ -130,24 +130,35 @@ std::string conv_padded_features(const ConvShape& s, int64_t c) {
                 "%y");
 }
 
+// %xp: the input [n, c, h, w] zero-padded by p on both spatial sides (the start of every
+// hand-written lowering below).
+std::string padded_input(const ConvShape& s, int64_t c, int64_t p) {
+  return "    %z = \"stablehlo.constant\"() {value = dense<0.0> : tensor<f32>} : () -> tensor<f32>\n"
+         "    %xp = \"stablehlo.pad\"(%x, %z) {edge_padding_high = array<i64: 0, 0, " + list({p, p}) +
+         ">, edge_padding_low = array<i64: 0, 0, " + list({p, p}) +
+         ">, interior_padding = array<i64: 0, 0, 0, 0>} : (" + tensor({s.n, c, s.h, s.w}) + ", tensor<f32>) -> " +
+         tensor({s.n, c, s.h + 2 * p, s.w + 2 * p}) + "\n";
+}
+
+// %s<id>: the window of %xp shifted by (i, j), [n, c, h, w].
+std::string shifted_window(const ConvShape& s, int64_t c, int64_t p, int64_t i, int64_t j, const std::string& id) {
+  return "    %s" + id + " = \"stablehlo.slice\"(%xp) {limit_indices = array<i64: " + list({s.n, c, i + s.h, j + s.w}) +
+         ">, start_indices = array<i64: 0, 0, " + list({i, j}) + ">, strides = array<i64: 1, 1, 1, 1>} : (" +
+         tensor({s.n, c, s.h + 2 * p, s.w + 2 * p}) + ") -> " + tensor({s.n, c, s.h, s.w}) + "\n";
+}
+
 // im2col: the k*k shifted windows of the padded input (slices), stacked into
 // [n, c*k*k, h*w], then one batched dot with the kernel as [o, c*k*k]; no transpose.
 std::string conv_im2col(const ConvShape& s) {
   const int64_t p = s.k / 2, kk = s.k * s.k;
-  const auto xp = tensor({s.n, s.c, s.h + 2 * p, s.w + 2 * p}), win = tensor({s.n, s.c, 1, s.h, s.w});
-  std::string b = "    %z = \"stablehlo.constant\"() {value = dense<0.0> : tensor<f32>} : () -> tensor<f32>\n"
-                  "    %xp = \"stablehlo.pad\"(%x, %z) {edge_padding_high = array<i64: 0, 0, " + list({p, p}) +
-                  ">, edge_padding_low = array<i64: 0, 0, " + list({p, p}) +
-                  ">, interior_padding = array<i64: 0, 0, 0, 0>} : (" + tensor({s.n, s.c, s.h, s.w}) +
-                  ", tensor<f32>) -> " + xp + "\n";
+  const auto win = tensor({s.n, s.c, 1, s.h, s.w});
+  std::string b = padded_input(s, s.c, p);
   std::string cat = "    %cat = \"stablehlo.concatenate\"(";
   std::string types;
   for (int64_t i = 0; i < s.k; ++i)
     for (int64_t j = 0; j < s.k; ++j) {
       const std::string id = std::to_string(i * s.k + j);
-      b += "    %s" + id + " = \"stablehlo.slice\"(%xp) {limit_indices = array<i64: " +
-           list({s.n, s.c, i + s.h, j + s.w}) + ">, start_indices = array<i64: 0, 0, " + list({i, j}) +
-           ">, strides = array<i64: 1, 1, 1, 1>} : (" + xp + ") -> " + tensor({s.n, s.c, s.h, s.w}) + "\n";
+      b += shifted_window(s, s.c, p, i, j, id);
       b += "    %r" + id + " = \"stablehlo.reshape\"(%s" + id + ") : (" + tensor({s.n, s.c, s.h, s.w}) + ") -> " +
            win + "\n";
       cat += (i + j ? ", %r" : "%r") + id;
@@ -171,20 +182,14 @@ std::string conv_im2col(const ConvShape& s) {
 // next to the spatial dims), transposed back to [n, o, h, w].
 std::string conv_im2col_gemm(const ConvShape& s) {
   const int64_t p = s.k / 2, kk = s.k * s.k;
-  const auto xp = tensor({s.n, s.c, s.h + 2 * p, s.w + 2 * p}), win = tensor({s.c, 1, s.n, s.h, s.w});
-  std::string b = "    %z = \"stablehlo.constant\"() {value = dense<0.0> : tensor<f32>} : () -> tensor<f32>\n"
-                  "    %xp = \"stablehlo.pad\"(%x, %z) {edge_padding_high = array<i64: 0, 0, " + list({p, p}) +
-                  ">, edge_padding_low = array<i64: 0, 0, " + list({p, p}) +
-                  ">, interior_padding = array<i64: 0, 0, 0, 0>} : (" + tensor({s.n, s.c, s.h, s.w}) +
-                  ", tensor<f32>) -> " + xp + "\n";
+  const auto win = tensor({s.c, 1, s.n, s.h, s.w});
+  std::string b = padded_input(s, s.c, p);
   std::string cat = "    %cat = \"stablehlo.concatenate\"(";
   std::string types;
   for (int64_t i = 0; i < s.k; ++i)
     for (int64_t j = 0; j < s.k; ++j) {
       const std::string id = std::to_string(i * s.k + j);
-      b += "    %s" + id + " = \"stablehlo.slice\"(%xp) {limit_indices = array<i64: " +
-           list({s.n, s.c, i + s.h, j + s.w}) + ">, start_indices = array<i64: 0, 0, " + list({i, j}) +
-           ">, strides = array<i64: 1, 1, 1, 1>} : (" + xp + ") -> " + tensor({s.n, s.c, s.h, s.w}) + "\n";
+      b += shifted_window(s, s.c, p, i, j, id);
       b += "    %t" + id + " = \"stablehlo.transpose\"(%s" + id + ") {permutation = array<i64: 1, 0, 2, 3>} : (" +
            tensor({s.n, s.c, s.h, s.w}) + ") -> " + tensor({s.c, s.n, s.h, s.w}) + "\n";
       b += "    %r" + id + " = \"stablehlo.reshape\"(%t" + id + ") : (" + tensor({s.c, s.n, s.h, s.w}) + ") -> " +
@@ -213,23 +218,16 @@ std::string conv_im2col_gemm(const ConvShape& s) {
 // transposed to [n, o, h, w] at the end.
 std::string conv_shifted_sum(const ConvShape& s, bool features_minor) {
   const int64_t p = s.k / 2;
-  const auto xp = tensor({s.n, 1, s.h + 2 * p, s.w + 2 * p});
   const auto y = features_minor ? tensor({s.n, s.h, s.w, s.o}) : tensor({s.n, s.o, s.h, s.w});
   const std::string window_dims = features_minor ? "0, 3, 1, 2" : "0, 1, 2, 3";
   const std::string tap_dims = features_minor ? "3, 0" : "1, 0";
-  std::string b = "    %z = \"stablehlo.constant\"() {value = dense<0.0> : tensor<f32>} : () -> tensor<f32>\n"
-                  "    %xp = \"stablehlo.pad\"(%x, %z) {edge_padding_high = array<i64: 0, 0, " + list({p, p}) +
-                  ">, edge_padding_low = array<i64: 0, 0, " + list({p, p}) +
-                  ">, interior_padding = array<i64: 0, 0, 0, 0>} : (" + tensor({s.n, 1, s.h, s.w}) +
-                  ", tensor<f32>) -> " + xp + "\n";
+  std::string b = padded_input(s, 1, p);
   b += "    %w2 = \"stablehlo.reshape\"(%w) : (" + tensor({s.o, 1, s.k, s.k}) + ") -> " + tensor({s.o, s.k * s.k}) + "\n";
   std::string acc;
   for (int64_t i = 0; i < s.k; ++i)
     for (int64_t j = 0; j < s.k; ++j) {
       const std::string id = std::to_string(i * s.k + j);
-      b += "    %s" + id + " = \"stablehlo.slice\"(%xp) {limit_indices = array<i64: " + list({s.n, 1, i + s.h, j + s.w}) +
-           ">, start_indices = array<i64: 0, 0, " + list({i, j}) + ">, strides = array<i64: 1, 1, 1, 1>} : (" + xp +
-           ") -> " + tensor({s.n, 1, s.h, s.w}) + "\n";
+      b += shifted_window(s, 1, p, i, j, id);
       b += "    %sb" + id + " = \"stablehlo.broadcast_in_dim\"(%s" + id + ") {broadcast_dimensions = array<i64: " +
            window_dims + ">} : (" + tensor({s.n, 1, s.h, s.w}) + ") -> " + y + "\n";
       b += "    %t" + id + " = \"stablehlo.slice\"(%w2) {limit_indices = array<i64: " + list({s.o, i * s.k + j + 1}) +

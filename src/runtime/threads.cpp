@@ -10,7 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
+#include <optional>
 #include <thread>
 
 namespace fulgur::runtime {
@@ -48,13 +48,15 @@ void warn_if_blas_kernels_are_generic() {
   if (!core_name || warned.exchange(true)) return;
   const char* core = core_name();
   if (!core || strcasecmp(core, "prescott") != 0) return;
-  const char* better = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : nullptr;
+  struct Better { const char* isa; const char* core; };
+  const std::optional<Better> better = __builtin_cpu_supports("avx512f") ? Better{"AVX-512", "SkylakeX"}
+                                       : __builtin_cpu_supports("avx2") ? Better{"AVX2", "Haswell"}
+                                                                        : std::optional<Better>();
   if (!better) return;  // an old CPU: SSE3 is what it has
   log_rank_zero(LogLevel::kWarning,
-                std::string("OpenBLAS runs its generic Prescott (SSE3) kernels on this CPU, which has ") +
-                    (std::strcmp(better, "SkylakeX") == 0 ? "AVX-512" : "AVX2") +
+                std::string("OpenBLAS runs its generic Prescott (SSE3) kernels on this CPU, which has ") + better->isa +
                     ": it did not recognise the CPU model, and matrix products run several times slower. Start "
-                    "the program with OPENBLAS_CORETYPE=" + better +
+                    "the program with OPENBLAS_CORETYPE=" + better->core +
                     " in its environment (OpenBLAS chooses when it loads, before fulgur can)");
 }
 
