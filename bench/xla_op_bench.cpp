@@ -1,5 +1,6 @@
 // Where the MNIST CNN's xla step spends its time: each convolution of its training step alone
-// (forward, the input gradient, the weight gradient, the shapes of batch 64), then the whole
+// (forward, the input gradient, the weight gradient, the shapes of batch 64) and each max-pool
+// (forward with indices, the input gradient), then the whole
 // forward, forward+backward and optimizer graphs, each on the xla device (traced, emitted as
 // StableHLO and compiled by the PJRT plugin, or run by the TorchScript backend, as
 // FULGUR_XLA_BACKEND says) and eagerly on the CPU. Prints the median wall time of --reps runs
@@ -371,6 +372,22 @@ int main(int argc, char** argv) {
     }
     row(std::string(c.name) + " grad weight", [&](bool xla) {
       return conv_backward(on(xla, gd, g), on(xla, xd, x), on(xla, wd, w), {false, true, false}, 1);
+    });
+  }
+
+  // The CNN's two max-pools (2x2, stride 2) after each convolution: forward with indices, and
+  // the input gradient from those indices.
+  for (const Conv& c : {Conv{"pool1", batch, 16, 28, 28, 16}, Conv{"pool2", batch, 32, 14, 14, 32}}) {
+    const at::Tensor x = at::randn({c.n, c.c, c.h, c.w}), g = at::randn({c.n, c.c, c.h / 2, c.w / 2});
+    const at::Tensor idx = std::get<1>(at::max_pool2d_with_indices(x, {2, 2}, {2, 2}));
+    at::Tensor xd = x.to(dev), gd = g.to(dev), idxd = idx.to(dev);
+    fulgur::xla::mark_step();
+    row(std::string(c.name) + " forward", [&](bool xla) {
+      return std::get<0>(at::max_pool2d_with_indices(xla ? xd : x, {2, 2}, {2, 2}));
+    });
+    row(std::string(c.name) + " grad input", [&](bool xla) {
+      return at::max_pool2d_with_indices_backward(xla ? gd : g, xla ? xd : x, {2, 2}, {2, 2}, {0, 0}, {1, 1}, false,
+                                                  xla ? idxd : idx);
     });
   }
 

@@ -1077,9 +1077,12 @@ void Emitter::convolution_backward(const Node* n) {
 
 // (self [N, C, H, W] or [C, H, W], kernel_size, stride, padding, dilation, ceil_mode) ->
 // (output, indices): each window's maximum and the flat index (h * W + w) of its first maximum,
-// as libtorch's CPU kernel (a variadic reduce_window over the values and their indices; a tie
-// goes to the smaller index, which is the first in the window). NaN is not handled as libtorch
-// does (there a NaN always wins).
+// as libtorch's CPU kernel: a variadic reduce_window over the values and their indices. A tie
+// goes to the smaller index, which is the first in the window; the initial index is the largest
+// int64, so a window of -inf alone names its first element, as libtorch does. NaN is not handled
+// as libtorch does (there a NaN always wins). (A variadic reduce over the window dims of a
+// tiled plane was tried for 2x2 pools: XLA:CPU runs a reduce fusion on one thread, 1.03x
+// slower on the CNN step.)
 void Emitter::max_pool2d_with_indices(const Node* n) {
   const c10::ScalarType t = out_dtype(n, 0);
   const Operand x = as(in(n, 0), t);
@@ -1091,9 +1094,6 @@ void Emitter::max_pool2d_with_indices(const Node* n) {
   if (dilation != Dims{1, 1}) throw Unsupported{"dilation " + ints(dilation)};
   if (bool_arg(n, 5, "ceil_mode")) throw Unsupported{"ceil_mode"};
   const int64_t w = x.dims[rank - 1];
-  const Operand rows = op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 2) + " : i64");
-  const Operand cols = op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 1) + " : i64");
-  const Operand flat = add(mul(rows, number(w)), cols);
   Dims window(rank, 1), strides(rank, 1);
   std::string pad = "dense<[";
   for (size_t i = 0; i < rank; ++i) {
@@ -1123,9 +1123,12 @@ void Emitter::max_pool2d_with_indices(const Node* n) {
       "\n      " + ri + " = \"stablehlo.select\"(" + pick + ", " + ai + ", " + bi + ") : (tensor<i1>, " + l + ", " + l +
       ") -> " + l + "\n      \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + v + ", " + l + ") -> ()\n    }";
   const Dims dims = out_dims(n, 0);
+  const Operand rows = op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 2) + " : i64");
+  const Operand cols = op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 1) + " : i64");
+  const Operand flat = add(mul(rows, number(w)), cols);
   const std::vector<Operand> outs =
       op_n("stablehlo.reduce_window",
-           {x, flat, splat(-std::numeric_limits<double>::infinity(), {}, t), splat(-1, {}, c10::kLong)},
+           {x, flat, splat(-std::numeric_limits<double>::infinity(), {}, t), splat(std::numeric_limits<int64_t>::max(), {}, c10::kLong)},
            {{dims, t}, {dims, c10::kLong}},
            "padding = " + pad + ", window_dimensions = " + i64_array(window) + ", window_strides = " + i64_array(strides),
            region);
@@ -1134,8 +1137,12 @@ void Emitter::max_pool2d_with_indices(const Node* n) {
 }
 
 // (grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices) -> grad_input:
-// each grad_output element added at the position the forward's indices name in its plane (a
-// scatter-add over the flattened input).
+// each grad_output element added at the position the forward's indices name in its plane. When
+// the windows do not overlap (stride == kernel, no dilation: the usual 2x2 pooling) a position
+// lies in at most one window, so its gradient is that window's where the window's index names
+// it and 0 elsewhere: an elementwise select over grad_output and indices upsampled to the
+// input's shape, which XLA fuses with what follows. Otherwise a scatter-add over the flattened
+// input (XLA:CPU runs a scatter as one sequential loop: 10x eager on the CNN's pools).
 void Emitter::max_pool2d_with_indices_backward(const Node* n) {
   const c10::ScalarType t = out_dtype(n);
   const Dims dims = out_dims(n);
@@ -1143,6 +1150,36 @@ void Emitter::max_pool2d_with_indices_backward(const Node* n) {
   const Operand indices = as(in(n, 7), c10::kLong);
   const size_t rank = dims.size();
   if (rank != 3 && rank != 4) throw Unsupported{"input of " + std::to_string(rank) + " dimensions"};
+  const Dims kernel = spatial_arg(n, 2, "kernel_size", 2, {});
+  const Dims stride = spatial_arg(n, 3, "stride", 2, kernel), padding = spatial_arg(n, 4, "padding", 2, {0}),
+             dilation = spatial_arg(n, 5, "dilation", 2, {1});
+  if (stride == kernel && dilation == Dims{1, 1}) {
+    const size_t lead = rank - 2;
+    Dims big(grad.dims.begin(), grad.dims.begin() + lead), map, joined(big), low(rank, 0), high(rank, 0);
+    for (size_t i = 0; i < lead; ++i) map.push_back(static_cast<int64_t>(i));
+    for (size_t i = 0; i < 2; ++i) {
+      map.push_back(static_cast<int64_t>(big.size()));
+      big.push_back(grad.dims[lead + i]);
+      big.push_back(kernel[i]);
+      joined.push_back(grad.dims[lead + i] * kernel[i]);
+      // The windows start at -padding: the upsampled plane, moved into the input's coordinates.
+      low[lead + i] = -padding[i];
+      high[lead + i] = dims[lead + i] + padding[i] - joined.back();
+    }
+    auto upsampled = [&](const Operand& v, const c10::Scalar& fill) {
+      const Operand b = op("stablehlo.broadcast_in_dim", {v}, big, v.dtype, "broadcast_dimensions = " + i64_array(map));
+      const Operand r = reshape(b, joined);
+      if (r.dims == dims) return r;
+      return op("stablehlo.pad", {r, splat(fill, {}, v.dtype)}, dims, v.dtype,
+                "edge_padding_high = " + i64_array(high) + ", edge_padding_low = " + i64_array(low) +
+                    ", interior_padding = " + i64_array(Dims(rank, 0)));
+    };
+    const Operand rows = op("stablehlo.iota", {}, dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 2) + " : i64");
+    const Operand cols = op("stablehlo.iota", {}, dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 1) + " : i64");
+    const Operand here = add(mul(rows, number(dims[rank - 1])), cols);
+    set(n, 0, select(compare("EQ", upsampled(indices, -1), here, c10::kLong), upsampled(grad, 0), splat(0, {}, t)));
+    return;
+  }
   const int64_t plane = dims[rank - 1] * dims[rank - 2];
   int64_t total = 1, k = 1;
   for (int64_t d : dims) total *= d;
