@@ -473,6 +473,25 @@ TEST(XlaPjrt, ForkedWorkersAfterTheParentUsedPjrtFailNamingSpawn) {
 
 TEST(XlaPjrt, SpawnedWorkersAfterTheParentUsedPjrtTrain) { one_device_then_two_workers("spawn"); }
 
+TEST(XlaPjrt, ANumberThatRepeatsIsUploadedOnce) {
+  // A graph's numbers are arguments (an optimizer's learning rate, betas, eps; here 0.5). The one
+  // that is the same every step is uploaded at its first step only; the one that changes
+  // (1.5 + i, as a bias correction does) is uploaded every step, 8 bytes (a float number is f64).
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  const c10::Device dev = xla::backend().device();
+  const at::Tensor host = at::arange(6, at::kFloat);
+  const at::Tensor x = host.to(dev);
+  xla::mark_step();
+  std::vector<int64_t> up;
+  for (int i = 0; i < 6; ++i) {
+    const at::Tensor y = x * 0.5 + (1.5 + i);
+    xla::mark_step();
+    up.push_back(xla::metrics().bytes_to_device);
+    EXPECT_TRUE(torch::allclose(y.cpu(), host * 0.5 + (1.5 + i))) << y.cpu();
+  }
+  for (size_t i = 2; i < up.size(); ++i) EXPECT_EQ(up[i] - up[i - 1], 8) << "step " << i << "\n" << xla::metrics_report();
+}
+
 TEST(XlaPjrt, ALazyToLazyCopyReachesTheDeviceBuffer) {
   // dst comes from a CPU tensor and has been read by a graph, so it holds both its host tensor
   // and a PJRT buffer and no pending graph; dst.copy_(src) with src on xla (libtorch's

@@ -19,6 +19,8 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -72,6 +74,36 @@ lazy::Shape shape_of(const at::Tensor& t) {
 std::shared_ptr<const pjrt::Buffer> upload(const at::Tensor& t) {
   auto b = std::make_shared<const pjrt::Buffer>(pjrt::to_device(pjrt::process_client(), t));
   count_bytes(static_cast<int64_t>(t.nbytes()), 0);
+  return b;
+}
+
+// The device buffer of a number a graph takes as an argument: tensor<f64> for a float, tensor<i64>
+// for an int or bool (the emitter's number inputs). Kept by value, so that the numbers that are
+// the same every step (an optimizer's learning rate, betas, eps, weight decay) are uploaded once,
+// not each run: about 40 uploads a step for Adam. Numbers that change (bias corrections) fill
+// the cache; it is emptied when it holds kMaxCachedNumbers. Buffers given as arguments are
+// never donated, so one buffer serves every graph that takes the same number.
+constexpr size_t kMaxCachedNumbers = 256;
+
+std::shared_ptr<const pjrt::Buffer> number_buffer(const at::Scalar& s) {
+  // Never destroyed, like the process's client: no buffer is destroyed after the client, nor in
+  // a forked child at exit.
+  static std::mutex& mu = *new std::mutex;
+  static auto& cache = *new std::map<std::pair<bool, int64_t>, std::shared_ptr<const pjrt::Buffer>>;
+  const bool floating = s.isFloatingPoint();
+  int64_t bits = 0;
+  if (floating) {
+    const double v = s.toDouble();
+    std::memcpy(&bits, &v, sizeof bits);  // by bits: -0.0 and each NaN stay themselves
+  } else {
+    bits = s.toLong();
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(floating, bits);
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  if (cache.size() >= kMaxCachedNumbers) cache.clear();
+  auto b = upload(floating ? at::scalar_tensor(s.toDouble(), at::kDouble) : at::scalar_tensor(bits, at::kLong));
+  cache.emplace(key, b);
   return b;
 }
 
@@ -276,7 +308,7 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
                                                        const lazy::BackendDevice& device) const override {
     auto* pc = dynamic_cast<PjrtComputation*>(computation.get());
     if (!pc || !pc->executable) return execute_on_torchscript(computation, arguments, device);
-    // Arguments stay on the device; only numbers are uploaded, each run (a few bytes).
+    // Arguments stay on the device; numbers are uploaded the first time each value is seen.
     std::vector<std::shared_ptr<const pjrt::Buffer>> keep;
     std::vector<const pjrt::Buffer*> args;
     keep.reserve(arguments.size());
@@ -290,16 +322,7 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
         continue;
       }
       auto d = std::static_pointer_cast<lazy::TSData>(a);
-      at::Tensor t;
-      if (d->scalar.has_value()) {
-        const at::Scalar& s = *d->scalar;
-        // The emitter's number inputs: a float is tensor<f64>, an int or bool tensor<i64>.
-        t = s.isFloatingPoint() ? at::scalar_tensor(s.toDouble(), at::kDouble)
-                                : at::scalar_tensor(s.toLong(), at::kLong);
-      } else {
-        t = d->data();
-      }
-      keep.push_back(upload(t));
+      keep.push_back(d->scalar.has_value() ? number_buffer(*d->scalar) : upload(d->data()));
       args.push_back(keep.back().get());
     }
     std::vector<pjrt::Buffer> outs = pc->executable->execute(args);
