@@ -19,10 +19,11 @@ void decide_and_apply() {
   if (!choice.empty() && choice != "on" && choice != "1")
     throw std::invalid_argument("FULGUR_MALLOC_POLICY=" + choice + ": allowed values are on, 1, off, 0");
   // The user's own settings win.
-  if (env_set("MALLOC_MMAP_THRESHOLD_") || env_set("MALLOC_TRIM_THRESHOLD_")) return;
+  if (env_set("MALLOC_MMAP_THRESHOLD_") || env_set("MALLOC_TRIM_THRESHOLD_") || env_set("MALLOC_TOP_PAD_")) return;
   if (env_string("GLIBC_TUNABLES").find("glibc.malloc.") != std::string::npos) return;
   mallopt(M_MMAP_THRESHOLD, static_cast<int>(kMmapThreshold));
   mallopt(M_TRIM_THRESHOLD, static_cast<int>(kTrimThreshold));
+  mallopt(M_TOP_PAD, static_cast<int>(kTopPad));
 }
 
 }  // namespace

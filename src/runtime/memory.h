@@ -10,6 +10,13 @@
 // freed memory kept. The policy keeps it: blocks up to kMmapThreshold come
 // from the heap, and the heap is trimmed only above kTrimThreshold of free
 // top. Peak resident memory is the same (the step needs those pages anyway).
+// Threads other than the main one allocate from arenas of their own, made of
+// heaps of at most 64 MiB, and glibc unmaps such a heap (not an arena's first)
+// as soon as it is all free, whatever the thresholds say, unless the top pad
+// (M_TOP_PAD) covers it. XLA:CPU's threads allocate each execution's
+// temporary buffer (49 MiB for charlm's step) that way: 5,300 page faults a
+// step before the policy set the pad to kTopPad. The pad only reserves
+// address space; untouched pages cost no memory.
 
 #include <cstddef>
 
@@ -17,10 +24,11 @@ namespace fulgur::runtime {
 
 inline constexpr size_t kMmapThreshold = size_t{512} << 20;
 inline constexpr size_t kTrimThreshold = size_t{1} << 30;
+inline constexpr size_t kTopPad = size_t{64} << 20;
 
 // Applies the policy once per process. Leaves glibc alone when the user chose
-// its settings (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, a
-// glibc.malloc tunable in GLIBC_TUNABLES) or set FULGUR_MALLOC_POLICY=off.
+// its settings (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_,
+// MALLOC_TOP_PAD_, a glibc.malloc tunable in GLIBC_TUNABLES) or set FULGUR_MALLOC_POLICY=off.
 // Any other value of FULGUR_MALLOC_POLICY than on/1/off/0 is an error.
 void apply_malloc_policy();
 
