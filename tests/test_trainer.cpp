@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -558,29 +559,16 @@ TEST(Predict, ReturnsOnePredictionPerBatch) {
 
 namespace {
 
-// Forks; the child sets FULGUR_MALLOC_POLICY (unset when empty), fits two
-// steps, then mallocs 8 MiB and exits 0 if glibc served it from the heap, 1
-// if with its own mmap, 2 if fit threw an error naming the value, 3 otherwise.
-int child_fit_then_big_malloc(const std::string& policy) {
+// Forks; the child sets FULGUR_MALLOC_POLICY (unset when empty), runs `body` and exits with its
+// code (3 if it threw something else than below). Returns the child's exit code.
+int in_child_with_policy(const std::string& policy, const std::function<int()>& body) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     if (policy.empty()) ::unsetenv("FULGUR_MALLOC_POLICY");
     else ::setenv("FULGUR_MALLOC_POLICY", policy.c_str(), 1);
     int code = 3;
     try {
-      TempDir dir;
-      TinyRegression model;
-      Trainer(quiet(dir.path).max_steps(2).logger(false).enable_checkpointing(false)).fit(model, loader(32, 8));
-      const size_t mmapped_before = mallinfo2().hblks;
-      void* volatile block = std::malloc(size_t{8} << 20);
-      code = mallinfo2().hblks == mmapped_before ? 0 : 1;
-      std::free(block);
-    } catch (const std::invalid_argument& e) {
-      const std::string what = e.what();
-      code = what.find("FULGUR_MALLOC_POLICY=" + policy) != std::string::npos &&
-                     what.find("on, 1, off, 0") != std::string::npos
-                 ? 2
-                 : 3;
+      code = body();
     } catch (...) {
     }
     ::_exit(code);
@@ -588,6 +576,61 @@ int child_fit_then_big_malloc(const std::string& policy) {
   int status = 0;
   ::waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The child fits two steps, then mallocs 8 MiB and exits 0 if glibc served it from the heap, 1
+// if with its own mmap, 2 if fit threw an error naming the value, 3 otherwise.
+int child_fit_then_big_malloc(const std::string& policy) {
+  return in_child_with_policy(policy, [&] {
+    try {
+      TempDir dir;
+      TinyRegression model;
+      Trainer(quiet(dir.path).max_steps(2).logger(false).enable_checkpointing(false)).fit(model, loader(32, 8));
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      return what.find("FULGUR_MALLOC_POLICY=" + policy) != std::string::npos &&
+                     what.find("on, 1, off, 0") != std::string::npos
+                 ? 2
+                 : 3;
+    }
+    const size_t mmapped_before = mallinfo2().hblks;
+    void* volatile block = std::malloc(size_t{8} << 20);
+    const int code = mallinfo2().hblks == mmapped_before ? 0 : 1;
+    std::free(block);
+    return code;
+  });
+}
+
+// The child applies the policy (as fit does, but without fit's threads, which could leave the
+// child out of arenas). Then a thread of its own (so an arena of its own, as XLA's threads
+// have) holds a 40 MiB block, allocates, touches and frees a second one (which needs a second
+// heap of that arena), and allocates and touches a second one again: exits 0 if that touch took
+// fewer than 1000 page faults (the freed pages were kept), 1 if more. XLA:CPU's 49 MiB
+// temporary buffer of charlm's step was such a block: 5,300 page faults a step.
+int child_thread_reuses_a_big_block(const std::string& policy) {
+  return in_child_with_policy(policy, [] {
+    fulgur::runtime::apply_malloc_policy();
+    int code = 3;
+    std::thread([&] {
+      constexpr size_t kBlock = size_t{40} << 20;
+      auto touched = [&] {
+        // volatile: the compiler may not drop the stores to a block that is only freed.
+        volatile char* b = static_cast<char*>(std::malloc(kBlock));
+        for (size_t i = 0; i < kBlock; i += 4096) b[i] = 1;
+        return const_cast<char*>(b);
+      };
+      char* held = touched();
+      std::free(touched());
+      rusage before{}, after{};
+      ::getrusage(RUSAGE_THREAD, &before);
+      char* again = touched();
+      ::getrusage(RUSAGE_THREAD, &after);
+      code = after.ru_minflt - before.ru_minflt < 1000 ? 0 : 1;
+      std::free(again);
+      std::free(held);
+    }).join();
+    return code;
+  });
 }
 
 }  // namespace
@@ -602,56 +645,10 @@ TEST(MallocPolicy, FitKeepsBigBlocksInTheHeapUnlessTurnedOff) {
   EXPECT_EQ(child_fit_then_big_malloc("sometimes"), 2);
 }
 
-namespace {
-
-// Forks; the child sets FULGUR_MALLOC_POLICY as above and applies the policy (as fit does, but
-// without fit's threads, which could leave the child out of arenas). Then a thread of its own
-// (so an arena of its own, as XLA's threads have) holds a 40 MiB block, allocates, touches
-// and frees a second one (which needs a second heap of that arena), and allocates and touches a
-// second one again: it exits 0 if that touch took fewer than 1000 page faults (the freed pages
-// were kept), 1 if more, 3 on an error. XLA:CPU's 49 MiB temporary buffer of charlm's step was
-// such a block: 5,300 page faults a step.
-int child_fit_then_thread_reuses_a_big_block(const std::string& policy) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    if (policy.empty()) ::unsetenv("FULGUR_MALLOC_POLICY");
-    else ::setenv("FULGUR_MALLOC_POLICY", policy.c_str(), 1);
-    int code = 3;
-    try {
-      fulgur::runtime::apply_malloc_policy();
-      std::thread([&] {
-        constexpr size_t kBlock = size_t{40} << 20;
-        auto touched = [&] {
-          // volatile: the compiler may not drop the stores to a block that is only freed.
-          volatile char* b = static_cast<char*>(std::malloc(kBlock));
-          for (size_t i = 0; i < kBlock; i += 4096) b[i] = 1;
-          return const_cast<char*>(b);
-        };
-        char* held = touched();
-        std::free(touched());
-        rusage before{}, after{};
-        ::getrusage(RUSAGE_THREAD, &before);
-        char* again = touched();
-        ::getrusage(RUSAGE_THREAD, &after);
-        code = after.ru_minflt - before.ru_minflt < 1000 ? 0 : 1;
-        std::free(again);
-        std::free(held);
-      }).join();
-    } catch (...) {
-    }
-    ::_exit(code);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-}  // namespace
-
 // The policy keeps the freed pages of a thread's arena too (M_TOP_PAD), not only the main heap's.
 TEST(MallocPolicy, AThreadsFreedBigBlockIsReusedWithoutPageFaultsUnlessTurnedOff) {
-  EXPECT_EQ(child_fit_then_thread_reuses_a_big_block(""), 0);
-  EXPECT_EQ(child_fit_then_thread_reuses_a_big_block("off"), 1);
+  EXPECT_EQ(child_thread_reuses_a_big_block(""), 0);
+  EXPECT_EQ(child_thread_reuses_a_big_block("off"), 1);
 }
 
 namespace {
