@@ -28,7 +28,8 @@ inline constexpr size_t kTopPad = size_t{64} << 20;
 
 // Applies the policy once per process. Leaves glibc alone when the user chose
 // its settings (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_,
-// MALLOC_TOP_PAD_, a glibc.malloc tunable in GLIBC_TUNABLES) or set FULGUR_MALLOC_POLICY=off.
+// MALLOC_TOP_PAD_, a glibc.malloc tunable in GLIBC_TUNABLES) or set
+// FULGUR_MALLOC_POLICY=off.
 // Any other value of FULGUR_MALLOC_POLICY than on/1/off/0 is an error.
 void apply_malloc_policy();
 

@@ -217,6 +217,9 @@ class Emitter {
   void convolution_backward(const Node* n);
   void max_pool2d_with_indices(const Node* n);
   void max_pool2d_with_indices_backward(const Node* n);
+  // Each element's flat index h * W + w in its plane (the last two dims of `dims`), as a pool's
+  // indices count.
+  Operand plane_index(const Dims& dims);
   // A stablehlo.convolution; `layout` is its dimension_numbers, spatial dims 0..rank-3.
   Operand conv(const Operand& lhs, const Operand& rhs, const std::string& layout, const Dims& dims,
                const Dims& strides, const std::vector<std::pair<int64_t, int64_t>>& padding, const Dims& lhs_dilation,
@@ -1075,6 +1078,13 @@ void Emitter::convolution_backward(const Node* n) {
   }
 }
 
+Operand Emitter::plane_index(const Dims& dims) {
+  const size_t rank = dims.size();
+  const Operand rows = op("stablehlo.iota", {}, dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 2) + " : i64");
+  const Operand cols = op("stablehlo.iota", {}, dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 1) + " : i64");
+  return add(mul(rows, number(dims[rank - 1])), cols);
+}
+
 // (self [N, C, H, W] or [C, H, W], kernel_size, stride, padding, dilation, ceil_mode) ->
 // (output, indices): each window's maximum and the flat index (h * W + w) of its first maximum,
 // as libtorch's CPU kernel: a variadic reduce_window over the values and their indices. A tie
@@ -1093,7 +1103,6 @@ void Emitter::max_pool2d_with_indices(const Node* n) {
              dilation = spatial_arg(n, 4, "dilation", 2, {1});
   if (dilation != Dims{1, 1}) throw Unsupported{"dilation " + ints(dilation)};
   if (bool_arg(n, 5, "ceil_mode")) throw Unsupported{"ceil_mode"};
-  const int64_t w = x.dims[rank - 1];
   Dims window(rank, 1), strides(rank, 1);
   std::string pad = "dense<[";
   for (size_t i = 0; i < rank; ++i) {
@@ -1123,12 +1132,10 @@ void Emitter::max_pool2d_with_indices(const Node* n) {
       "\n      " + ri + " = \"stablehlo.select\"(" + pick + ", " + ai + ", " + bi + ") : (tensor<i1>, " + l + ", " + l +
       ") -> " + l + "\n      \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + v + ", " + l + ") -> ()\n    }";
   const Dims dims = out_dims(n, 0);
-  const Operand rows = op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 2) + " : i64");
-  const Operand cols = op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 1) + " : i64");
-  const Operand flat = add(mul(rows, number(w)), cols);
   const std::vector<Operand> outs =
       op_n("stablehlo.reduce_window",
-           {x, flat, splat(-std::numeric_limits<double>::infinity(), {}, t), splat(std::numeric_limits<int64_t>::max(), {}, c10::kLong)},
+           {x, plane_index(x.dims), splat(-std::numeric_limits<double>::infinity(), {}, t),
+            splat(std::numeric_limits<int64_t>::max(), {}, c10::kLong)},
            {{dims, t}, {dims, c10::kLong}},
            "padding = " + pad + ", window_dimensions = " + i64_array(window) + ", window_strides = " + i64_array(strides),
            region);
@@ -1174,10 +1181,8 @@ void Emitter::max_pool2d_with_indices_backward(const Node* n) {
                 "edge_padding_high = " + i64_array(high) + ", edge_padding_low = " + i64_array(low) +
                     ", interior_padding = " + i64_array(Dims(rank, 0)));
     };
-    const Operand rows = op("stablehlo.iota", {}, dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 2) + " : i64");
-    const Operand cols = op("stablehlo.iota", {}, dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 1) + " : i64");
-    const Operand here = add(mul(rows, number(dims[rank - 1])), cols);
-    set(n, 0, select(compare("EQ", upsampled(indices, -1), here, c10::kLong), upsampled(grad, 0), splat(0, {}, t)));
+    set(n, 0, select(compare("EQ", upsampled(indices, -1), plane_index(dims), c10::kLong), upsampled(grad, 0),
+                     splat(0, {}, t)));
     return;
   }
   const int64_t plane = dims[rank - 1] * dims[rank - 2];
