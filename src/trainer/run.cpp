@@ -49,9 +49,24 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
   // Messages of this stage take the ranks from the strategy's environment.
   runtime::RankScope log_ranks(strategy->global_rank(), strategy->world_size());
   runtime::warn_if_blas_kernels_are_generic();
+  // A stage that throws still tears down; if that fails too (a module whose values a failed
+  // device execution never produced cannot move back), the stage's own error goes on and the
+  // teardown's is logged, since a second exception while unwinding would end the process.
   struct Teardown {
     Strategy* s;
-    ~Teardown() { s->teardown(); }
+    int exceptions = std::uncaught_exceptions();
+    ~Teardown() noexcept(false) {
+      if (std::uncaught_exceptions() <= exceptions) {
+        s->teardown();
+        return;
+      }
+      try {
+        s->teardown();
+      } catch (const std::exception& e) {
+        runtime::log(runtime::LogLevel::kWarning,
+                     std::string("the strategy's teardown after the stage's error failed as well: ") + e.what());
+      }
+    }
   } teardown{strategy.get()};
   // A stage that throws: rank 0's logger writes the rows it still holds, as
   // Lightning's finalize("failed"). An error while doing so must not hide the
