@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "support.h"
+#include "xla/host_kernels.h"
 #include "xla/pjrt/client.h"
 #include "xla/pjrt/metrics.h"
 #include "xla/pjrt/tensors.h"
@@ -105,8 +106,9 @@ std::vector<IValue> run_eager_and_type(Graph& graph, const std::vector<IValue>& 
 
 // Emits `graph`, compiles it on the process's client and runs it on `inputs` (numbers go up as
 // 0-d int64, float64 and bool tensors).
-std::vector<torch::Tensor> run_on_pjrt(const Graph& graph, const std::vector<IValue>& inputs) {
-  const Emission emission = emit_stablehlo(graph);
+std::vector<torch::Tensor> run_on_pjrt(const Graph& graph, const std::vector<IValue>& inputs,
+                                       const fulgur::xla::stablehlo::EmitOptions& options = {}) {
+  const Emission emission = emit_stablehlo(graph, options);
   EXPECT_EQ(emission.unsupported, std::vector<std::string>{});
   if (!emission.unsupported.empty()) return {};
   const pjrt::Client& client = pjrt::process_client();
@@ -161,11 +163,11 @@ void expect_same(const std::vector<torch::Tensor>& got, const std::vector<IValue
 
 // Parses `ir`, types it on `inputs`, and checks the plugin's results against eager libtorch's.
 void check(const std::string& ir, const std::vector<IValue>& inputs, const std::string& label,
-           const Tolerance& tol = {}) {
+           const Tolerance& tol = {}, const fulgur::xla::stablehlo::EmitOptions& options = {}) {
   SCOPED_TRACE(label);
   const auto graph = parse(ir);
   const std::vector<IValue> want = run_eager_and_type(*graph, inputs);
-  expect_same(run_on_pjrt(*graph, inputs), want, tol, label);
+  expect_same(run_on_pjrt(*graph, inputs, options), want, tol, label);
 }
 
 torch::Tensor targets(int64_t n, int64_t classes, int64_t ignored_every) {
@@ -653,9 +655,8 @@ graph(%g : Tensor, %i : Tensor):
   check(ir, {torch::randn({32, 64, 16}), torch::randint(10, {32, 64}, torch::kLong)}, "[32,64] indices");
 }
 
-TEST(StableHlo, ConvolutionAndItsBackward) {
-  // As the CNN's graphs write them; the second convolution_backward leaves grad_input out.
-  const std::string ir = R"IR(
+// As the CNN's graphs write them; the second convolution_backward leaves grad_input out.
+const char* const kConvolutionIr = R"IR(
 graph(%x : Tensor, %w : Tensor, %b : Tensor, %g : Tensor):
   %stride : int[] = prim::Constant[value=[STRIDE]]()
   %padding : int[] = prim::Constant[value=[PADDING]]()
@@ -671,6 +672,11 @@ graph(%x : Tensor, %w : Tensor, %b : Tensor, %g : Tensor):
   %gx2 : Tensor, %gw2 : Tensor, %gb2 : Tensor = aten::convolution_backward(%g, %x, %w, %bias_sizes, %stride, %padding, %dilation, %false, %no_pad, %groups, %no_input)
   return (%y, %gx, %gw, %gb, %gw2)
 )IR";
+
+// Runs `body(ir, inputs, label)` for each convolution case: kConvolutionIr with its window, and
+// random input, kernel, bias and output gradient.
+template <class Body>
+void for_each_convolution(Body body) {
   struct Case {
     std::vector<int64_t> x, w;
     std::string stride, padding, dilation;
@@ -680,14 +686,20 @@ graph(%x : Tensor, %w : Tensor, %b : Tensor, %g : Tensor):
   for (const Case& c : {Case{{4, 1, 28, 28}, {16, 1, 5, 5}, "1, 1", "2, 2", "1, 1", {4, 16, 28, 28}},
                         Case{{2, 3, 9, 8}, {5, 3, 3, 2}, "2, 3", "1, 0", "1, 1", {2, 5, 5, 3}},
                         Case{{2, 2, 10, 10}, {3, 2, 3, 3}, "2, 2", "0, 1", "2, 1", {2, 3, 3, 5}}}) {
-    std::string text = ir;
+    std::string text = kConvolutionIr;
     for (const auto& [key, value] : {std::pair<std::string, std::string>{"STRIDE", c.stride}, {"PADDING", c.padding},
                                      {"DILATION", c.dilation}, {"BIAS", std::to_string(c.w[0])}})
       text = std::regex_replace(text, std::regex(key), value);
     const std::string label = "input " + c10::str(c.x) + " kernel " + c10::str(c.w) + " stride " + c.stride +
                               " padding " + c.padding + " dilation " + c.dilation;
-    const std::vector<torch::Tensor> inputs = {torch::randn(c.x), torch::randn(c.w) * 0.3, torch::randn({c.w[0]}),
-                                               torch::randn(c.y)};
+    body(text, std::vector<torch::Tensor>{torch::randn(c.x), torch::randn(c.w) * 0.3, torch::randn({c.w[0]}),
+                                          torch::randn(c.y)},
+         label);
+  }
+}
+
+TEST(StableHlo, ConvolutionAndItsBackward) {
+  for_each_convolution([](const std::string& text, const std::vector<torch::Tensor>& inputs, const std::string& label) {
     // float32: grad_weight sums up to 4 * 28 * 28 products (sums of std 50 and more), grad_input
     // 400, in another order than libtorch: differences up to 1.5e-4 and 1.2e-5 were seen, so
     // 1e-4 relative + 5e-5 absolute here, and the formulas are checked exactly in float64.
@@ -695,7 +707,63 @@ graph(%x : Tensor, %w : Tensor, %b : Tensor, %g : Tensor):
     check(text, {inputs[0].to(torch::kDouble), inputs[1].to(torch::kDouble), inputs[2].to(torch::kDouble),
                  inputs[3].to(torch::kDouble)},
           label + ", float64", {1e-12, 1e-12});
+  });
+}
+
+// With EmitOptions::host_convolutions every convolution and convolution gradient is a custom call
+// of libtorch's own kernel (xla/host_kernels.h), which XLA runs in the compiled program: the
+// results are eager libtorch's to the bit, in float32 and float64, partial masks included.
+TEST(StableHlo, ConvolutionsOnHostKernelsAreLibtorchsOwn) {
+  static const bool registered = [] {
+    fulgur::xla::host_kernels::register_with(pjrt::process_client().plugin());
+    return true;
+  }();
+  ASSERT_TRUE(registered);
+  fulgur::xla::stablehlo::EmitOptions host;
+  host.host_convolutions = true;
+  {
+    const auto graph = parse(std::regex_replace(
+        std::regex_replace(std::regex_replace(std::regex_replace(kConvolutionIr, std::regex("STRIDE"), "1, 1"),
+                                              std::regex("PADDING"), "0, 0"),
+                           std::regex("DILATION"), "1, 1"),
+        std::regex("BIAS"), "3"));
+    run_eager_and_type(*graph, {torch::randn({1, 2, 5, 5}), torch::randn({3, 2, 3, 3}), torch::randn({3}),
+                                torch::randn({1, 3, 3, 3})});
+    const std::string module = emit_stablehlo(*graph, host).module;
+    EXPECT_EQ(module.find("stablehlo.convolution"), std::string::npos) << module;
+    EXPECT_NE(module.find("call_target_name = \"fulgur_convolution_backward\""), std::string::npos) << module;
+    EXPECT_NE(module.find("output_mask = array<i64: 0, 1, 1>"), std::string::npos) << module;
   }
+  for_each_convolution([&](const std::string& text, const std::vector<torch::Tensor>& inputs, const std::string& label) {
+    check(text, {inputs[0], inputs[1], inputs[2], inputs[3]}, label, {0, 0}, host);
+    check(text, {inputs[0].to(torch::kDouble), inputs[1].to(torch::kDouble), inputs[2].to(torch::kDouble),
+                 inputs[3].to(torch::kDouble)},
+          label + ", float64", {0, 0}, host);
+  });
+}
+
+// A host kernel that cannot run fails the execution with its own message, naming the target and
+// the cause, and the process goes on.
+TEST(StableHlo, AHostKernelsErrorFailsTheExecutionWithItsMessage) {
+  const pjrt::Client& client = pjrt::process_client();
+  fulgur::xla::host_kernels::register_with(client.plugin());
+  const pjrt::Executable exe = client.compile(
+      "func.func @main(%x: tensor<1x1x3x3xf32>, %w: tensor<1x1x2x2xf32>) -> tensor<1x1x2x2xf32> {\n"
+      "  %0 = \"stablehlo.custom_call\"(%x, %w) {call_target_name = \"fulgur_convolution\", api_version = 4 : i32, "
+      "backend_config = {groups = 1 : i64}} : (tensor<1x1x3x3xf32>, tensor<1x1x2x2xf32>) -> tensor<1x1x2x2xf32>\n"
+      "  return %0 : tensor<1x1x2x2xf32>\n}\n");
+  const pjrt::Buffer x = pjrt::to_device(client, torch::ones({1, 1, 3, 3})),
+                     w = pjrt::to_device(client, torch::ones({1, 1, 2, 2}));
+  try {
+    std::vector<pjrt::Buffer> out = exe.execute({&x, &w});
+    pjrt::to_tensor(out.at(0));
+    FAIL() << "no error";
+  } catch (const pjrt::PjrtError& e) {
+    EXPECT_NE(std::string(e.what()).find("fulgur_convolution: attribute stride is missing (the call has: groups)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(torch::equal(pjrt::to_tensor(pjrt::to_device(client, torch::ones({2}))), torch::ones({2})));
 }
 
 // A convolution of one input feature with at most 25 kernel taps (float32/float64, groups 1) is

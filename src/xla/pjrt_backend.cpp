@@ -26,6 +26,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "xla/host_kernels.h"
 #include "xla/pjrt/client.h"
 #include "xla/pjrt/tensors.h"
 #include "xla/stablehlo/emitter.h"
@@ -50,6 +51,30 @@ void count_bytes(int64_t up, int64_t down) {
 // (MakeComputationDataFromScalar) stay plain TSData. A placeholder (CreateDataPlaceholder) has
 // no buffer until the lazy core assigns it an execution's result. PJRT buffers are immutable,
 // so the buffer is shared, never copied, when data is assigned.
+// How graphs are emitted for the process's client, decided once: FULGUR_XLA_HOST_KERNELS=1 makes
+// convolutions on the CPU plugin call libtorch's kernels (xla/host_kernels.h); unset or 0, they
+// are XLA's own (faster on this project's machines, bench/RESULTS.md).
+const stablehlo::EmitOptions& emit_options() {
+  static const stablehlo::EmitOptions options = [] {
+    stablehlo::EmitOptions o;
+    const char* env = std::getenv("FULGUR_XLA_HOST_KERNELS");
+    const std::string v = env ? env : "";
+    if (!v.empty() && v != "0" && v != "1")
+      throw std::invalid_argument("FULGUR_XLA_HOST_KERNELS='" + v +
+                                  "' is not valid: \"0\" (the default: XLA's own convolutions) or \"1\" "
+                                  "(convolutions on the CPU plugin run libtorch's kernels)");
+    if (v != "1") return o;
+    const pjrt::Client& client = pjrt::process_client();
+    if (client.platform_name() != "cpu")
+      throw std::invalid_argument("FULGUR_XLA_HOST_KERNELS=1 needs the CPU plugin; the plugin " +
+                                  client.plugin().path() + " runs on '" + client.platform_name() + "'");
+    host_kernels::register_with(client.plugin());
+    o.host_convolutions = true;
+    return o;
+  }();
+  return options;
+}
+
 class PjrtData : public lazy::TSData {
  public:
   PjrtData(const lazy::Shape& shape, const lazy::BackendDevice& device) : lazy::TSData(shape, device) {}
@@ -273,8 +298,9 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
       std::shared_ptr<pjrt::Executable> exe;
       std::vector<lazy::Shape> shapes;
       std::vector<size_t> updated;
+      const stablehlo::EmitOptions& options = emit_options();  // a bad setting is the user's error
       try {
-        stablehlo::Emission e = stablehlo::emit_stablehlo(*graph);
+        stablehlo::Emission e = stablehlo::emit_stablehlo(*graph, options);
         if (e.unsupported.empty()) {
           shapes = output_shapes_of(*graph);
           updated = e.updated_inputs;

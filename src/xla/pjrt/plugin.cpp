@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <iterator>
 #include <memory>
@@ -50,6 +51,32 @@ constexpr size_t kApiFieldsUsed = [] {
     end = e > end ? e : end;
   return end;
 }();
+
+// PJRT's FFI extension (PJRT_Extension_Type_FFI, pjrt_c_api_ffi_extension.h in XLA, a header the
+// plugin does not ship): the part fulgur calls. The plugin checks the arguments' struct_size.
+struct FfiRegisterHandlerArgs {
+  size_t struct_size;
+  const char* target_name;
+  size_t target_name_size;
+  void* handler;
+  const char* platform_name;
+  size_t platform_name_size;
+  uint32_t traits;
+};
+constexpr size_t kFfiRegisterHandlerArgsSize = offsetof(FfiRegisterHandlerArgs, traits) + sizeof(uint32_t);
+struct FfiExtension {
+  PJRT_Extension_Base base;
+  void* type_register;
+  void* user_data_add;
+  PJRT_Error* (*register_handler)(FfiRegisterHandlerArgs* args);
+};
+
+const FfiExtension* ffi_extension(const PJRT_Api* api) {
+  for (const PJRT_Extension_Base* e = api->extension_start; e; e = e->next)
+    if (e->type == PJRT_Extension_Type_FFI && e->struct_size >= sizeof(FfiExtension))
+      return reinterpret_cast<const FfiExtension*>(e);
+  return nullptr;
+}
 
 std::string attribute_text(const PJRT_NamedValue& v) {
   switch (v.type) {
@@ -97,6 +124,26 @@ void Plugin::check(PJRT_Error* error, const char* call) const {
     code = error_code_name(c.code);
   destroy(error);
   throw PjrtError(call, path_, code + ": " + message);
+}
+
+bool Plugin::can_register_ffi_handlers() const {
+  const FfiExtension* ffi = ffi_extension(api_);
+  return ffi && ffi->register_handler;
+}
+
+void Plugin::register_ffi_handler(const std::string& name, void* handler, const std::string& platform) const {
+  const FfiExtension* ffi = ffi_extension(api_);
+  if (!ffi || !ffi->register_handler)
+    throw PjrtError("PJRT_FFI_Register_Handler(" + name + ")", path_,
+                    "the plugin has no FFI extension with handler registration");
+  FfiRegisterHandlerArgs a{};
+  a.struct_size = kFfiRegisterHandlerArgsSize;
+  a.target_name = name.data();
+  a.target_name_size = name.size();
+  a.handler = handler;
+  a.platform_name = platform.data();
+  a.platform_name_size = platform.size();
+  check(ffi->register_handler(&a), ("PJRT_FFI_Register_Handler(" + name + ")").c_str());
 }
 
 Plugin::Plugin(std::string path, const PJRT_Api* api) : path_(std::move(path)), api_(api) {

@@ -43,6 +43,15 @@ class Plugin {
   // text (lists joined by '.', as StableHLO versions are written).
   const std::map<std::string, std::string>& attributes() const { return attributes_; }
 
+  // Whether the plugin lets a program call host functions by name: it has PJRT's FFI extension
+  // with handler registration (XLA:CPU and XLA:GPU plugins do).
+  bool can_register_ffi_handlers() const;
+  // Registers `handler` (an xla::ffi::Handler, see ffi_abi.h) as the target `name` of
+  // stablehlo.custom_call ops with api_version 4 on `platform` ("cpu"), for every program the
+  // plugin compiles after this. Throws PjrtError naming `name` if the plugin cannot (no FFI
+  // extension) or refuses (a version it does not accept, another handler of that name).
+  void register_ffi_handler(const std::string& name, void* handler, const std::string& platform) const;
+
   // Destroys `error` and throws PjrtError naming `call`, this plugin and the plugin's message
   // (with its status code); does nothing if `error` is null.
   void check(PJRT_Error* error, const char* call) const;

@@ -1,5 +1,7 @@
 #include "xla/stablehlo/emitter.h"
 
+#include "xla/host_kernels.h"
+
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
 
@@ -148,7 +150,7 @@ int64_t wrap_dim(int64_t dim, size_t rank) {
 
 class Emitter {
  public:
-  explicit Emitter(const torch::jit::Graph& graph) : graph_(graph) {}
+  Emitter(const torch::jit::Graph& graph, const EmitOptions& options) : graph_(graph), options_(options) {}
 
   Emission run();
 
@@ -261,7 +263,17 @@ class Emitter {
     });
   }
 
+  // A stablehlo.custom_call of host kernel `target` (xla/host_kernels.h) with the window of a
+  // convolution node as its attributes, plus `extra` ("name = value, ").
+  std::vector<Operand> host_call(const char* target, const std::vector<Operand>& args,
+                                 const std::vector<std::pair<Dims, c10::ScalarType>>& results, const Dims& stride,
+                                 const Dims& padding, const Dims& dilation, int64_t groups, const std::string& extra);
+  bool host_convolution(c10::ScalarType t) const {
+    return options_.host_convolutions && (t == c10::kFloat || t == c10::kDouble);
+  }
+
   const torch::jit::Graph& graph_;
+  const EmitOptions options_;
   std::unordered_set<const Node*> live_;  // the nodes the graph's outputs depend on
   std::ostringstream body_;
   int next_ = 0;
@@ -292,7 +304,9 @@ std::vector<Operand> Emitter::op_n(const std::string& name, const std::vector<Op
   const std::string base = fresh();
   body_ << "    " << base << ":" << results.size() << " = \"" << name << "\"(";
   for (size_t i = 0; i < args.size(); ++i) body_ << (i ? ", " : "") << args[i].ssa;
-  body_ << ") (" << region << ") {" << attrs << "} : (";
+  body_ << ")";
+  if (!region.empty()) body_ << " (" << region << ")";
+  body_ << " {" << attrs << "} : (";
   for (size_t i = 0; i < args.size(); ++i) body_ << (i ? ", " : "") << mlir_type(args[i].dims, args[i].dtype);
   body_ << ") -> (";
   std::vector<Operand> outs;
@@ -1013,6 +1027,12 @@ void Emitter::convolution(const Node* n) {
   const int64_t groups = int_arg(n, 8, "groups");
   int64_t taps = 1;
   for (size_t i = 0; i < spatial; ++i) taps *= w.dims[i + 2];
+  if (host_convolution(t)) {
+    std::vector<Operand> args{x, w};
+    if (!none_arg(n, 2)) args.push_back(as(in(n, 2), t));
+    set(n, 0, host_call(host_kernels::kConvolution, args, {{out_dims(n), t}}, stride, padding, dilation, groups, "")[0]);
+    return;
+  }
   Operand out;
   if (x.dims[1] == 1 && groups == 1 && taps <= kMaxShiftedSumTaps && (t == c10::kFloat || t == c10::kDouble)) {
     out = conv_as_shifted_sum(x, w, out_dims(n), stride, padding, dilation);
@@ -1045,6 +1065,17 @@ void Emitter::convolution_backward(const Node* n) {
   const std::vector<bool> mask = constant(n, 10, "output_mask").toBoolList().vec();
   for (size_t i = 0; i < 3; ++i)
     if (!mask.at(i) && used(n->output(i))) throw Unsupported{"a use of undefined output " + std::to_string(i)};
+  if (host_convolution(t)) {
+    std::vector<std::pair<Dims, c10::ScalarType>> results;
+    for (size_t i = 0; i < 3; ++i)
+      if (mask[i]) results.emplace_back(out_dims(n, i), t);
+    const Dims flags{int64_t{mask[0]}, int64_t{mask[1]}, int64_t{mask[2]}};
+    const auto outs = host_call(host_kernels::kConvolutionBackward, {grad, x, w}, results, stride, padding, dilation,
+                                1, "output_mask = " + i64_array(flags) + ", ");
+    for (size_t i = 0, j = 0; i < 3; ++i)
+      if (mask[i]) set(n, i, outs[j++]);
+    return;
+  }
   Dims spatial_dims;
   for (size_t i = 0; i < spatial; ++i) spatial_dims.push_back(static_cast<int64_t>(i + 2));
   if (mask[0]) {
@@ -1076,6 +1107,18 @@ void Emitter::convolution_backward(const Node* n) {
     for (int64_t d : spatial_dims) dims.push_back(d);
     set(n, 2, reshape(reduce(grad, dims, "stablehlo.add", 0), out_dims(n, 2)));
   }
+}
+
+std::vector<Operand> Emitter::host_call(const char* target, const std::vector<Operand>& args,
+                                        const std::vector<std::pair<Dims, c10::ScalarType>>& results,
+                                        const Dims& stride, const Dims& padding, const Dims& dilation, int64_t groups,
+                                        const std::string& extra) {
+  const std::string attrs = std::string("call_target_name = \"") + target +
+                            "\", api_version = 4 : i32, backend_config = {" + extra +
+                            "stride = " + i64_array(stride) + ", padding = " + i64_array(padding) +
+                            ", dilation = " + i64_array(dilation) + ", groups = " + std::to_string(groups) + " : i64}";
+  if (results.size() == 1) return {op("stablehlo.custom_call", args, results[0].first, results[0].second, attrs)};
+  return op_n("stablehlo.custom_call", args, results, attrs, "");
 }
 
 Operand Emitter::plane_index(const Dims& dims) {
@@ -1457,7 +1500,9 @@ Emission Emitter::run() {
 
 }  // namespace
 
-Emission emit_stablehlo(const torch::jit::Graph& graph) { return Emitter(graph).run(); }
+Emission emit_stablehlo(const torch::jit::Graph& graph, const EmitOptions& options) {
+  return Emitter(graph, options).run();
+}
 
 std::vector<size_t> inputs_updated_in_place(const torch::jit::Graph& graph) {
   std::vector<size_t> out;

@@ -53,10 +53,17 @@ struct Emission {
   std::vector<std::string> unsupported;
 };
 
+struct EmitOptions {
+  // Float32 and float64 convolutions and their gradients call libtorch's CPU kernels
+  // (xla/host_kernels.h) through stablehlo.custom_call instead of being stablehlo.convolution
+  // ops. Only for a plugin that has those kernels registered (the CPU plugin).
+  bool host_convolutions = false;
+};
+
 // REQUIRES: `graph` is typed as above. Throws std::invalid_argument naming the value for a
 // graph that is not (a live value without a concrete type, an output that is not a tensor or
 // number).
-Emission emit_stablehlo(const torch::jit::Graph& graph);
+Emission emit_stablehlo(const torch::jit::Graph& graph, const EmitOptions& options = {});
 
 // The graph inputs that ops of `graph` update in place when the TorchScript interpreter runs it
 // (Emission::updated_inputs' rule, for a graph that runs there), ascending.
