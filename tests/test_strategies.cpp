@@ -10,6 +10,7 @@
 #include <fulgur/launchers/launcher.h>
 #include <fulgur/lightning_module.h>
 #include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/single_device.h>
 #include <fulgur/strategies/xla.h>
 
 
@@ -145,6 +146,54 @@ TEST(Strategies, FitTwiceIsRefused) {
     FAIL();
   } catch (const std::logic_error& e) {
     EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
+  }
+}
+
+// A stage's error reaches the caller even when the strategy's teardown, which runs while it
+// unwinds, fails as well (a module whose values a failed device execution never produced cannot
+// move back): the teardown's error is logged, and the process does not end in std::terminate.
+// Without a stage error, the teardown's own error reaches the caller.
+TEST(Strategies, AStageErrorIsRaisedWhenTheTeardownFailsToo) {
+  struct FailingTeardown : SingleDeviceStrategy {
+    using SingleDeviceStrategy::SingleDeviceStrategy;
+    void teardown() override {
+      SingleDeviceStrategy::teardown();
+      throw std::runtime_error("teardown broke");
+    }
+  };
+  struct Throws : TinyRegression {
+    bool fail = true;
+    StepOutput training_step(const Batch& b, int64_t i) override {
+      if (fail && trainer()->global_step() == 1) throw std::runtime_error("boom at step 1");
+      return TinyRegression::training_step(b, i);
+    }
+  };
+  for (bool fail : {true, false}) {
+    TempDir dir;
+    Throws m;
+    m.fail = fail;
+    Trainer t(TrainerOptions()
+                  .strategy(std::make_shared<FailingTeardown>(c10::Device("cpu"), std::make_shared<CPUAccelerator>()))
+                  .default_root_dir(dir.path)
+                  .max_steps(3)
+                  .enable_progress_bar(false)
+                  .enable_checkpointing(false));
+    ::testing::internal::CaptureStderr();
+    std::string error;
+    try {
+      t.fit(m, loader(32, 4));
+    } catch (const std::runtime_error& e) {
+      error = e.what();
+    }
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    if (fail) {
+      EXPECT_EQ(error, "boom at step 1");
+      EXPECT_NE(err.find("the strategy's teardown after the stage's error failed as well: teardown broke"),
+                std::string::npos)
+          << err;
+    } else {
+      EXPECT_EQ(error, "teardown broke");
+    }
   }
 }
 
