@@ -710,15 +710,22 @@ TEST(StableHlo, ConvolutionAndItsBackward) {
   });
 }
 
-// With EmitOptions::host_convolutions every convolution and convolution gradient is a custom call
-// of libtorch's own kernel (xla/host_kernels.h), which XLA runs in the compiled program: the
-// results are eager libtorch's to the bit, in float32 and float64, partial masks included.
-TEST(StableHlo, ConvolutionsOnHostKernelsAreLibtorchsOwn) {
+namespace {
+// Registers the host kernels with the process's plugin, once for every test that runs in it.
+void register_host_kernels() {
   static const bool registered = [] {
     fulgur::xla::host_kernels::register_with(pjrt::process_client().plugin());
     return true;
   }();
-  ASSERT_TRUE(registered);
+  (void)registered;
+}
+}  // namespace
+
+// With EmitOptions::host_convolutions every convolution and convolution gradient is a custom call
+// of libtorch's own kernel (xla/host_kernels.h), which XLA runs in the compiled program: the
+// results are eager libtorch's to the bit, in float32 and float64, partial masks included.
+TEST(StableHlo, ConvolutionsOnHostKernelsAreLibtorchsOwn) {
+  register_host_kernels();
   fulgur::xla::stablehlo::EmitOptions host;
   host.host_convolutions = true;
   {
@@ -745,8 +752,8 @@ TEST(StableHlo, ConvolutionsOnHostKernelsAreLibtorchsOwn) {
 // A host kernel that cannot run fails the execution with its own message, naming the target and
 // the cause, and the process goes on.
 TEST(StableHlo, AHostKernelsErrorFailsTheExecutionWithItsMessage) {
+  register_host_kernels();
   const pjrt::Client& client = pjrt::process_client();
-  fulgur::xla::host_kernels::register_with(client.plugin());
   const pjrt::Executable exe = client.compile(
       "func.func @main(%x: tensor<1x1x3x3xf32>, %w: tensor<1x1x2x2xf32>) -> tensor<1x1x2x2xf32> {\n"
       "  %0 = \"stablehlo.custom_call\"(%x, %w) {call_target_name = \"fulgur_convolution\", api_version = 4 : i32, "

@@ -260,7 +260,7 @@ struct SgdCnn : Recorded<mnist::CNN> {
 
 TEST(XlaPjrt, MnistCnnTrainsWithTheEagerLossesAndParameters) {
   using Cnn = SgdCnn;
-  auto make = [] { return std::make_shared<Cnn>(1e-3); };
+  auto make = [] { return std::make_shared<Cnn>(); };
   auto cpu = fit<Cnn>("cpu", make, banded_images(160), 8);
   auto xla = fit<Cnn>("xla", make, banded_images(160), 8);
   expect_like_the_cpu(cpu, xla, 20, 1e-4);

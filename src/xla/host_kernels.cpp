@@ -5,8 +5,10 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <array>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -103,6 +105,9 @@ template <class F>
 ffi::Error* handle(ffi::CallFrame* frame, const char* name, F run) {
   if (answered_metadata(frame)) return nullptr;
   try {
+    if (frame->struct_size < offsetof(ffi::CallFrame, attrs) + sizeof(ffi::Attrs))
+      throw KernelError("XLA passed a call frame of " + std::to_string(frame->struct_size) +
+                        " bytes, smaller than XLA FFI API 0.1's");
     c10::NoGradGuard no_grad;
     run(frame);
     return nullptr;

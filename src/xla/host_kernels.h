@@ -2,9 +2,9 @@
 // Host kernels that XLA:CPU programs call: libtorch's own CPU convolutions, registered with the
 // CPU plugin through PJRT's FFI extension and reached from a compiled program by
 // stablehlo.custom_call (api_version 4, XLA's typed FFI). XLA:CPU runs a stablehlo.convolution
-// as Eigen's spatial convolution, which is 1.5-4x slower than libtorch's oneDNN one on the
-// examples' convolutions and their gradients (bench/RESULTS.md); with these, the rest of the
-// graph stays XLA's, fused as before, and each convolution runs the kernel an eager step runs.
+// as Eigen's spatial convolution; with these, the rest of the graph stays XLA's, fused as before,
+// and each convolution runs the kernel an eager step runs. Which is faster depends on the
+// machine (bench/RESULTS.md measures both).
 //
 // Targets (the emitter writes them, xla/stablehlo/emitter.h, EmitOptions::host_convolutions):
 //   kConvolution(input, weight[, bias]) -> output, attributes stride, padding, dilation

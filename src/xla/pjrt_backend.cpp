@@ -46,11 +46,6 @@ void count_bytes(int64_t up, int64_t down) {
   metrics_.bytes_to_host += down;
 }
 
-// Device data of this backend: a PJRT buffer on the process's device. It derives from TSData
-// because the TorchScript lowering casts every parameter to TSData to read `scalar`; numbers
-// (MakeComputationDataFromScalar) stay plain TSData. A placeholder (CreateDataPlaceholder) has
-// no buffer until the lazy core assigns it an execution's result. PJRT buffers are immutable,
-// so the buffer is shared, never copied, when data is assigned.
 // How graphs are emitted for the process's client, decided once: FULGUR_XLA_HOST_KERNELS=1 makes
 // convolutions on the CPU plugin call libtorch's kernels (xla/host_kernels.h); unset or 0, they
 // are XLA's own (faster on this project's machines, bench/RESULTS.md).
@@ -75,6 +70,11 @@ const stablehlo::EmitOptions& emit_options() {
   return options;
 }
 
+// Device data of this backend: a PJRT buffer on the process's device. It derives from TSData
+// because the TorchScript lowering casts every parameter to TSData to read `scalar`; numbers
+// (MakeComputationDataFromScalar) stay plain TSData. A placeholder (CreateDataPlaceholder) has
+// no buffer until the lazy core assigns it an execution's result. PJRT buffers are immutable,
+// so the buffer is shared, never copied, when data is assigned.
 class PjrtData : public lazy::TSData {
  public:
   PjrtData(const lazy::Shape& shape, const lazy::BackendDevice& device) : lazy::TSData(shape, device) {}

@@ -3,8 +3,8 @@
 // fulgur's host kernels (xla/host_kernels.h) use: what XLA passes a handler and what a handler
 // may call back. The pinned CPU plugin ships no header for it (only pjrt_c_api.h), so these are
 // fulgur's declarations of the C ABI of XLA FFI API 0.1, whose layout XLA keeps stable within a
-// major version (fields are only appended). Every struct starts with its size, which the
-// handlers check before reading a field past the common prefix.
+// major version (fields are only appended). Every struct starts with its size; the handlers
+// check the call frame's before reading it.
 
 #include <cstddef>
 #include <cstdint>
@@ -80,14 +80,12 @@ struct Attrs {
 struct Error;
 struct Api;
 
-enum class Stage : int { instantiate = 0, prepare = 1, initialize = 2, execute = 3 };
-
 struct CallFrame {
   size_t struct_size;
   ExtensionBase* extension_start;
   const Api* api;
   void* ctx;
-  Stage stage;
+  int stage;  // 0 instantiate, 1 prepare, 2 initialize, 3 execute (fulgur's handlers run at 3)
   Args args;
   Rets rets;
   Attrs attrs;
@@ -105,7 +103,7 @@ struct MetadataExtension {
   Metadata* metadata;
 };
 
-enum class ErrorCode : int { invalid_argument = 3, internal = 13 };
+enum class ErrorCode : int { internal = 13 };
 struct ErrorCreateArgs {
   size_t struct_size;
   ExtensionBase* extension_start;
@@ -121,7 +119,5 @@ struct Api {
   void* internal_api;
   Error* (*error_create)(ErrorCreateArgs* args);
 };
-
-using Handler = Error*(CallFrame* frame);
 
 }  // namespace fulgur::xla::ffi

@@ -1025,14 +1025,14 @@ void Emitter::convolution(const Node* n) {
   const Dims stride = spatial_arg(n, 3, "stride", spatial, {1}), padding = spatial_arg(n, 4, "padding", spatial, {0}),
              dilation = spatial_arg(n, 5, "dilation", spatial, {1});
   const int64_t groups = int_arg(n, 8, "groups");
-  int64_t taps = 1;
-  for (size_t i = 0; i < spatial; ++i) taps *= w.dims[i + 2];
   if (host_convolution(t)) {
     std::vector<Operand> args{x, w};
     if (!none_arg(n, 2)) args.push_back(as(in(n, 2), t));
     set(n, 0, host_call(host_kernels::kConvolution, args, {{out_dims(n), t}}, stride, padding, dilation, groups, "")[0]);
     return;
   }
+  int64_t taps = 1;
+  for (size_t i = 0; i < spatial; ++i) taps *= w.dims[i + 2];
   Operand out;
   if (x.dims[1] == 1 && groups == 1 && taps <= kMaxShiftedSumTaps && (t == c10::kFloat || t == c10::kDouble)) {
     out = conv_as_shifted_sum(x, w, out_dims(n), stride, padding, dilation);
