@@ -25,8 +25,14 @@ c10::Device XLAStrategy::root_device() const {
 void XLAStrategy::on_train_end() { xla::mark_step(); }
 
 std::unique_ptr<detail::GradientSync> XLAStrategy::make_gradient_sync() {
-  // XLAPrecision::optimizer_step marks the step (materializing the gradients) before the sync.
+  // sync_gradients marks the step (materializing the gradients) before the reduction.
   return detail::make_step_reducer(detail::unique_trainable_parameters(*model_), collectives_);
+}
+
+void XLAStrategy::sync_gradients() {
+  if (world_size() == 1) return;
+  xla::mark_step();
+  DDPStrategy::sync_gradients();
 }
 
 std::shared_ptr<BatchSource> XLAStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {

@@ -23,6 +23,12 @@ class XLAStrategy : public DDPStrategy {
   void save_checkpoint(const Checkpoint& checkpoint, const std::string& path,
                        const StorageOptions& storage_options = {}) override;
   void teardown() override;
+  // With more than one process: marks a step, so that the forward and backward
+  // run as a graph of their own and the gradients exist on the device, then
+  // reduces them (DDPStrategy::sync_gradients). With one process there is
+  // nothing to reduce and no step is marked: on PJRT the forward, backward and
+  // update then compile into one graph.
+  void sync_gradients() override;
 
  protected:
   std::unique_ptr<detail::GradientSync> make_gradient_sync() override;

@@ -34,11 +34,14 @@ void apply_pending_updates(const torch::nn::Module& module, torch::optim::Optimi
 void XLAPrecision::optimizer_step(torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
                                   const std::function<void()>& closure, const std::function<void()>& before_step) const {
   if (closure) closure();
-  // The forward and backward run as their own graph before the update:
-  // gradients must be materialized for Gloo anyway, and on one process one
-  // graph for the whole step was slower with the TorchScript backend (charlm
-  // 152 against 115 ms, MNIST CNN 95 against 65 ms).
-  xla::mark_step();
+  // On PJRT the forward, backward and update are one graph unless before_step
+  // marks a step (XLAStrategy::sync_gradients does on several processes, where
+  // Gloo needs the gradients): XLA compiles the update into the backward, and a
+  // step has one graph to sync and run instead of two (MNIST MLP step 0.86x,
+  // bench/RESULTS.md). With the TorchScript backend the forward and backward
+  // stay a graph of their own: one graph for the whole step was slower there
+  // (charlm 152 against 115 ms, MNIST CNN 95 against 65 ms).
+  if (xla::backend().name() != "pjrt") xla::mark_step();
   if (before_step) before_step();
   update(optimizer);
   apply_pending_updates(module, optimizer);

@@ -12,10 +12,11 @@ class XLAPrecision : public Precision {
   // "32-true" or "bf16-true"; the xla strategies refuse "bf16-mixed" (CPU
   // autocast does not reach xla devices).
   using Precision::Precision;
-  // Precision::optimizer_step with the step marks of a lazy device: after the
-  // closure a step is marked, so that forward and backward run as their own
-  // graph and the gradients exist on the device before before_step syncs them
-  // across ranks; after the update, the pending in-place updates of `module`'s
+  // Precision::optimizer_step with the step marks of a lazy device: on the
+  // TorchScript backend a step is marked after the closure, so that forward and
+  // backward run as their own graph (on PJRT they join the update's graph,
+  // unless before_step marks a step to sync the gradients across ranks, as
+  // XLAStrategy does); after the update, the pending in-place updates of `module`'s
   // parameters, gradients and buffers and of the optimizer's state tensors are
   // applied (xla::apply_pending_updates), and a step is marked, which runs the
   // update. REQUIRES: `module` and the optimizer's parameters on an xla device.
