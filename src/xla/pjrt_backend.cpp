@@ -48,7 +48,7 @@ void count_bytes(int64_t up, int64_t down) {
 
 // How graphs are emitted for the process's client, decided once: FULGUR_XLA_HOST_KERNELS=1 makes
 // convolutions on the CPU plugin call libtorch's kernels (xla/host_kernels.h); unset or 0, they
-// are XLA's own (faster on this project's machines, bench/RESULTS.md).
+// are XLA's own. Which is faster depends on the CPU (bench/RESULTS.md).
 const stablehlo::EmitOptions& emit_options() {
   static const stablehlo::EmitOptions options = [] {
     stablehlo::EmitOptions o;

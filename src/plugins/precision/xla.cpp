@@ -37,7 +37,7 @@ void XLAPrecision::optimizer_step(torch::optim::Optimizer& optimizer, const torc
   // On PJRT the forward, backward and update are one graph unless before_step
   // marks a step (XLAStrategy::sync_gradients does on several processes, where
   // Gloo needs the gradients): XLA compiles the update into the backward, and a
-  // step has one graph to sync and run instead of two (MNIST MLP step 0.86x,
+  // step has one graph to sync and run instead of two (MNIST MLP step 0.88x,
   // bench/RESULTS.md). With the TorchScript backend the forward and backward
   // stay a graph of their own: one graph for the whole step was slower there
   // (charlm 152 against 115 ms, MNIST CNN 95 against 65 ms).
