@@ -1,7 +1,7 @@
 // xla devices on the torch::lazy backend: the same numbers as the CPU, graphs
 // compiled once and then taken from the cache, the metrics and the warning,
-// moving modules. Each test runs in its own process (CTest), so the backend
-// and its counters start fresh.
+// moving modules, Adam's update as one node per parameter. Each test runs in
+// its own process (CTest), so the backend and its counters start fresh.
 
 #include "support.h"
 
@@ -10,7 +10,12 @@
 #include <fulgur/xla/backend.h>
 #include <fulgur/module_mover.h>
 
+#include "optim/fused_adam.h"
+#include "optim/optim_state.h"
+
 #include <torch/csrc/lazy/core/metrics.h>
+#include <torch/csrc/lazy/core/tensor.h>
+#include <torch/csrc/lazy/core/tensor_util.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -346,4 +351,81 @@ TEST(Xla, Bf16TrueTrainsInBfloat16) {
   EXPECT_EQ(r.net->fc1->weight.scalar_type(), torch::kBFloat16);
   EXPECT_LT(r.net->losses.back(), r.net->losses.front());
   EXPECT_TRUE(xla::metrics().xla_fallbacks.empty()) << xla::metrics_report();  // bf16 graphs on XLA, on pjrt
+}
+
+namespace {
+
+// The op of the IR node that computes `t`'s pending value.
+std::string pending_op(const torch::Tensor& t) {
+  auto lt = torch::lazy::TryGetLtcTensor(torch::lazy::maybe_unwrap_functional(t));
+  if (!lt || !lt->CurrentIrValue()) return "(no pending value)";
+  return lt->CurrentIrValue().node->op().ToString();
+}
+
+// Three parameters on the device, updated six times by libtorch's own step (traced op by op),
+// by the fused step (one IR node each) and, on the CPU, by libtorch's step; one parameter has no
+// gradient in step 3. A step is marked after each update, as XLAPrecision does.
+template <typename Opt, typename Options>
+void expect_lazy_update_equals_libtorch(const Options& options, torch::Dtype dtype = torch::kFloat32) {
+  const c10::Device dev = xla::backend().device();
+  torch::manual_seed(5);
+  std::vector<torch::Tensor> cpu{torch::randn({7, 33}, dtype), torch::randn({33}, dtype), torch::randn({1}, dtype)};
+  std::vector<torch::Tensor> traced, fused;
+  for (auto& t : cpu) {
+    traced.push_back(t.to(dev).requires_grad_(true));
+    fused.push_back(t.to(dev).requires_grad_(true));
+    t.requires_grad_(true);
+  }
+  Opt on_cpu(cpu, options), libtorch(traced, options), node(fused, options);
+  for (int step = 0; step < 6; ++step) {
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      if (step == 3 && i == 2) continue;
+      const auto g = torch::randn(cpu[i].sizes(), dtype);
+      cpu[i].mutable_grad() = g;
+      traced[i].mutable_grad() = g.to(dev);
+      fused[i].mutable_grad() = g.to(dev);
+    }
+    on_cpu.step();
+    libtorch.step();
+    ASSERT_TRUE(fulgur::detail::fused_optimizer_step(node)) << "step " << step;
+    for (size_t i = 0; i < fused.size(); ++i) {
+      if (step == 3 && i == 2) continue;
+      EXPECT_EQ(pending_op(fused[i]), "fulgur::adam_update") << "parameter " << i << ", step " << step;
+    }
+    EXPECT_EQ(pending_op(traced[0]), "aten::addcdiv");
+    xla::mark_step();
+    for (auto* ts : {&cpu, &traced, &fused})
+      for (auto& t : *ts) t.mutable_grad() = torch::Tensor();
+  }
+  // Bit for bit on the CPU interpreter; XLA may fuse the two graphs' same ops differently.
+  const double same = dtype == torch::kFloat32 ? 1e-6 : 1e-2, near_cpu = dtype == torch::kFloat32 ? 1e-5 : 5e-2;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const auto f = fused[i].detach().cpu().to(torch::kFloat64);
+    EXPECT_LE((f - traced[i].detach().cpu().to(torch::kFloat64)).abs().max().item<double>(), same) << "parameter " << i;
+    EXPECT_LE((f - cpu[i].detach().to(torch::kFloat64)).abs().max().item<double>(), near_cpu) << "parameter " << i;
+    const auto& s = static_cast<torch::optim::AdamParamState&>(*node.state().at(fulgur::detail::optimizer_state_key(fused[i])));
+    const auto& r = static_cast<torch::optim::AdamParamState&>(*libtorch.state().at(fulgur::detail::optimizer_state_key(traced[i])));
+    EXPECT_EQ(s.step(), r.step()) << "parameter " << i;
+    EXPECT_LE((s.exp_avg_sq().cpu() - r.exp_avg_sq().cpu()).abs().max().item<double>(), same) << "parameter " << i;
+  }
+}
+
+}  // namespace
+
+// On the device the fused Adam and AdamW step (optim/fused_adam.h) makes one IR node per
+// parameter (xla/lazy_adam.h) and gives libtorch's traced values, with and without weight decay,
+// in float32 and bfloat16. amsgrad is left to libtorch's step there.
+TEST(Xla, AdamsUpdateIsOneNodePerParameterWithLibtorchsValues) {
+  using torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamW, torch::optim::AdamWOptions;
+  expect_lazy_update_equals_libtorch<Adam>(AdamOptions(1e-2));
+  expect_lazy_update_equals_libtorch<Adam>(AdamOptions(1e-2).weight_decay(0.1).betas({0.8, 0.95}));
+  expect_lazy_update_equals_libtorch<AdamW>(AdamWOptions(3e-3));
+  expect_lazy_update_equals_libtorch<AdamW>(AdamWOptions(3e-3).weight_decay(0.0).eps(1e-6));
+  expect_lazy_update_equals_libtorch<Adam>(AdamOptions(1e-2), torch::kBFloat16);
+
+  auto p = torch::randn({4}).to(xla::backend().device()).requires_grad_(true);
+  p.mutable_grad() = torch::ones({4}).to(xla::backend().device());
+  Adam amsgrad({p}, AdamOptions(0.1).amsgrad(true));
+  EXPECT_FALSE(fulgur::detail::fused_optimizer_step(amsgrad));
+  EXPECT_TRUE(amsgrad.state().empty()) << "a refused step must not touch the state";
 }

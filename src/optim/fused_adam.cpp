@@ -3,6 +3,7 @@
 #include "runtime/env.h"
 #include "runtime/plain_tensor.h"
 #include "optim/optim_state.h"
+#include "xla/lazy_adam.h"
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -60,25 +61,62 @@ __attribute__((target_clones("avx2", "default"))) void update(float* __restrict 
   }
 }
 
+// What every tensor of a step is: all plain CPU float32 (the loop above) or all lazy (one IR
+// node per parameter, xla/lazy_adam.h); a mix, or anything else, is not fused.
+enum class Path { none, cpu, lazy };
+
+Path path_of(const at::Tensor& p, const at::Tensor& t) {
+  using runtime::is_plain_cpu_float;
+  if (is_plain_cpu_float(p) && is_plain_cpu_float(t) && t.sizes() == p.sizes()) return Path::cpu;
+  if (xla::lazy_adam_takes(p, t)) return Path::lazy;
+  return Path::none;
+}
+
+Coefficients as_floats(const xla::AdamNumbers& n, bool amsgrad) {
+  Coefficients c;
+  c.beta1 = static_cast<float>(n.beta1);
+  c.one_minus_beta1 = static_cast<float>(n.one_minus_beta1);
+  c.beta2 = static_cast<float>(n.beta2);
+  c.one_minus_beta2 = static_cast<float>(n.one_minus_beta2);
+  c.bias2_sqrt = static_cast<float>(n.bias_correction2_sqrt);
+  c.eps = static_cast<float>(n.eps);
+  c.neg_step_size = static_cast<float>(n.neg_step_size);
+  c.amsgrad = amsgrad;
+  c.adamw_decays = n.decay == xla::AdamNumbers::Decay::adamw;
+  c.adam_decays = n.decay == xla::AdamNumbers::Decay::adam;
+  if (c.adamw_decays) c.adamw_keep = static_cast<float>(n.decay_value);
+  if (c.adam_decays) c.adam_decay = static_cast<float>(n.decay_value);
+  return c;
+}
+
 template <typename Options, typename State>
 bool step(torch::optim::Optimizer& opt, bool adamw) {
-  using runtime::is_plain_cpu_float;
   // Check everything first: either the whole step is fused or none of it.
   std::vector<std::string> keys;  // of the parameters with a gradient, in order
+  Path path = Path::none;
+  auto same = [&path](Path p) {
+    if (p == Path::none || (path != Path::none && p != path)) return false;
+    path = p;
+    return true;
+  };
   for (auto& group : opt.param_groups()) {
     auto& o = static_cast<Options&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      if (!is_plain_cpu_float(p) || !is_plain_cpu_float(p.grad()) || p.grad().sizes() != p.sizes()) return false;
+      if (!same(path_of(p, p.grad()))) return false;
+      // amsgrad's running maximum is fused on the CPU only.
+      if (o.amsgrad() && path == Path::lazy) return false;
       keys.push_back(optimizer_state_key(p));
       auto it = opt.state().find(keys.back());
       if (it == opt.state().end()) continue;
       auto* s = dynamic_cast<State*>(it->second.get());
-      if (!s || !is_plain_cpu_float(s->exp_avg()) || !is_plain_cpu_float(s->exp_avg_sq())) return false;
-      if (o.amsgrad() && !is_plain_cpu_float(s->max_exp_avg_sq())) return false;
+      if (!s || !same(path_of(p, s->exp_avg())) || !same(path_of(p, s->exp_avg_sq()))) return false;
+      if (o.amsgrad() && !same(path_of(p, s->max_exp_avg_sq()))) return false;
     }
   }
   at::NoGradGuard no_grad;
+  std::unique_ptr<xla::LazyAdamStep> lazy_step;
+  if (path == Path::lazy) lazy_step = std::make_unique<xla::LazyAdamStep>();
   size_t next_key = 0;
   for (auto& group : opt.param_groups()) {
     auto& o = static_cast<Options&>(group.options());
@@ -98,26 +136,23 @@ bool step(torch::optim::Optimizer& opt, bool adamw) {
       auto& s = static_cast<State&>(*it->second);
       s.step(s.step() + 1);
       const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
-      const double bias1 = 1 - std::pow(beta1, static_cast<double>(s.step()));
-      const double bias2 = 1 - std::pow(beta2, static_cast<double>(s.step()));
-      Coefficients c;
-      c.beta1 = static_cast<float>(beta1);
-      c.one_minus_beta1 = static_cast<float>(1 - beta1);
-      c.beta2 = static_cast<float>(beta2);
-      c.one_minus_beta2 = static_cast<float>(1 - beta2);
-      c.bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-      c.eps = static_cast<float>(o.eps());
-      c.neg_step_size = static_cast<float>(-(o.lr() / bias1));
-      c.amsgrad = o.amsgrad();
+      xla::AdamNumbers n;
+      n.beta1 = beta1;
+      n.one_minus_beta1 = 1 - beta1;
+      n.beta2 = beta2;
+      n.one_minus_beta2 = 1 - beta2;
+      n.bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, static_cast<double>(s.step())));
+      n.eps = o.eps();
+      n.neg_step_size = -(o.lr() / (1 - std::pow(beta1, static_cast<double>(s.step()))));
       if (o.weight_decay() != 0) {
-        if (adamw) {
-          c.adamw_decays = true;
-          c.adamw_keep = static_cast<float>(1 - o.lr() * o.weight_decay());
-        } else {
-          c.adam_decays = true;
-          c.adam_decay = static_cast<float>(o.weight_decay());
-        }
+        n.decay = adamw ? xla::AdamNumbers::Decay::adamw : xla::AdamNumbers::Decay::adam;
+        n.decay_value = adamw ? 1 - o.lr() * o.weight_decay() : o.weight_decay();
       }
+      if (lazy_step) {
+        lazy_step->update(p, p.grad(), s.exp_avg(), s.exp_avg_sq(), n);
+        continue;
+      }
+      const Coefficients c = as_floats(n, o.amsgrad());
       float* vmax = c.amsgrad ? s.max_exp_avg_sq().template data_ptr<float>() : nullptr;
       update(p.data_ptr<float>(), p.grad().data_ptr<float>(), s.exp_avg().template data_ptr<float>(),
              s.exp_avg_sq().template data_ptr<float>(), vmax, p.numel(), c);

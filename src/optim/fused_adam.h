@@ -1,5 +1,6 @@
 #pragma once
-// A fused step for libtorch's Adam and AdamW on CPU float32 parameters.
+// A fused step for libtorch's Adam and AdamW on CPU float32 parameters, and
+// one lazy IR node per parameter on xla devices (xla/lazy_adam.h).
 //
 // torch::optim::Adam::step runs eight tensor ops per parameter (two for each
 // moment, sqrt, a division, an add and addcdiv), and each one is a full pass
@@ -11,15 +12,18 @@
 // FMA contraction, so they are the same to about one float ulp per step.
 // It keeps the optimizer's own state objects (step count, exp_avg,
 // exp_avg_sq, max_exp_avg_sq), so checkpoints and a later optimizer.step()
-// are unaffected.
+// are unaffected. On xla devices the update is traced as one node per
+// parameter whose lowering is libtorch's own ops (no amsgrad there).
 
 #include <torch/optim/optimizer.h>
 
 namespace fulgur::detail {
 
 // Runs optimizer.step() fused when the optimizer is a torch::optim::Adam or
-// AdamW itself (not a subclass, whose own step() must run), and every parameter that has a gradient is a dense, contiguous
-// float32 CPU tensor whose gradient is the same. Returns false, having done
+// AdamW itself (not a subclass, whose own step() must run), and either every
+// parameter that has a gradient, its gradient and its state are dense,
+// contiguous float32 CPU tensors, or they are all lazy tensors of one floating
+// dtype on one xla device (without amsgrad). Returns false, having done
 // nothing, otherwise (the caller then calls optimizer.step()) or when
 // FULGUR_FUSED_OPTIMIZER=off.
 bool fused_optimizer_step(torch::optim::Optimizer& optimizer);
