@@ -20,7 +20,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <regex>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <torch/csrc/lazy/core/metrics.h>
@@ -155,6 +157,30 @@ TEST(XlaPjrt, AnUnknownBackendNameIsAnErrorNamingTheValidOnes) {
     EXPECT_THAT(e.what(), HasSubstr("\"ts\""));
     EXPECT_THAT(e.what(), HasSubstr("\"eager\""));
   }
+}
+
+// A FULGUR_XLA_HOST_KERNELS value other than "0" or "1" is the user's error, thrown from the first
+// compile and naming the value and the valid ones, not a silent default. In a child process
+// (threadsafe: the parent's backend stays untouched); the exit code says which exception came.
+TEST(XlaPjrt, AnInvalidHostKernelsSettingIsAnErrorNamingTheValidOnes) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+        setenv("FULGUR_XLA_HOST_KERNELS", "yes", 1);
+        try {
+          train("xla");
+        } catch (const std::invalid_argument& e) {
+          std::fprintf(stderr, "invalid_argument: %s\n", e.what());
+          std::_Exit(3);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "other exception: %s\n", e.what());
+          std::_Exit(4);
+        }
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(3),
+      "invalid_argument: FULGUR_XLA_HOST_KERNELS='yes' is not valid: \"0\" .*or \"1\"");
 }
 
 namespace {
