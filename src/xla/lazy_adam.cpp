@@ -133,7 +133,9 @@ bool lazy_adam_takes(const at::Tensor& like, const at::Tensor& t) {
   if (!like.defined() || !t.defined() || like.device().type() != c10::kLazy || t.device() != like.device()) return false;
   if (t.layout() != at::kStrided || like.layout() != at::kStrided || !t.is_floating_point()) return false;
   if (t.scalar_type() != like.scalar_type() || t.sizes() != like.sizes()) return false;
-  return lazy_tensor(like) != nullptr && lazy_tensor(t) != nullptr;
+  // Without lazy_tensor()'s sync: this check runs for every tensor of every step, update() syncs.
+  auto holds_lazy = [](const at::Tensor& x) { return lazy::TryGetLtcTensor(lazy::maybe_unwrap_functional(x)) != nullptr; };
+  return holds_lazy(like) && holds_lazy(t);
 }
 
 LazyAdamStep::LazyAdamStep() : numbers_(std::make_unique<Numbers>()) {}
