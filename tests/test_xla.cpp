@@ -137,7 +137,7 @@ TEST(Xla, GraphsAreCompiledOnceThenTakenFromTheCache) {
   EXPECT_GT(g[4], 0);
   EXPECT_EQ(g.back(), g[4]) << "graphs were still being compiled after warm-up";
   const auto m = xla::metrics();
-  EXPECT_GT(m.cache_hits, 20);
+  EXPECT_GE(m.cache_hits, 16);  // every step after warm-up
   EXPECT_GE(m.mark_steps, 40);  // one before each batch, one after each optimizer step
   EXPECT_GT(m.execute_seconds, 0.0);
   EXPECT_THAT(r.stderr_text, ::testing::Not(HasSubstr("recompiled")));

@@ -114,7 +114,11 @@ TEST(XlaPjrt, MlpTrainsWithTheEagerLossesAndParameters) {
   const auto m = xla::metrics();
   EXPECT_TRUE(m.xla_fallbacks.empty()) << xla::metrics_report();
   EXPECT_GT(m.xla_graphs_compiled, 0);
-  EXPECT_GE(m.xla_executions, 40);  // per step: forward, backward and update; zero_grad
+  // One execution per step: forward, backward and update are one graph, and
+  // zero_grad leaves the gradients to the next backward (when it filled them
+  // with zeros, that was a graph of its own).
+  EXPECT_GE(m.xla_executions, 20);
+  EXPECT_LE(m.xla_executions, 24);
   EXPECT_GT(m.bytes_to_device, 0);
   EXPECT_GT(m.bytes_to_host, 0);
   EXPECT_GT(m.xla_compile_seconds, 0.0);

@@ -99,7 +99,10 @@ void TrainerImpl::optimizer_step_automatic(const Batch& batch, int64_t batch_idx
     model->on_before_optimizer_step(optimizer);
     clip_gradients(optimizer);
   });
-  optimizer.zero_grad();
+  // As Lightning's optimizer.zero_grad() (PyTorch's set_to_none=True): the next
+  // backward hands its gradients over instead of adding them to zeros.
+  for (auto& group : optimizer.param_groups())
+    for (auto& p : group.params()) p.mutable_grad() = at::Tensor();
   ++global_step;
   step_schedulers("step");
 }
