@@ -9,6 +9,10 @@
 
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+
+#include <cstdio>
+
 using namespace fulgur;
 
 namespace {
@@ -208,3 +212,25 @@ TEST(Checkpoint, StateDictOfACpuModuleIsACopy) {
   EXPECT_TRUE(torch::equal(m.fc->weight.detach(), before));
   EXPECT_FALSE(torch::equal(sd.at("fc.weight").toTensor(), before));
 }
+
+#ifdef FULGUR_TCMALLOC_ON
+// fulgur's programs link tcmalloc (FULGUR_TCMALLOC, on by default): this test's
+// malloc is tcmalloc's, and the dynamic loader lists it among the programs'
+// libraries (LD_TRACE_LOADED_OBJECTS is what ldd sets). A link that drops the
+// library (--as-needed: nothing names its symbols) fails here.
+TEST(Build, FulgursProgramsAllocateWithTcmalloc) {
+  Dl_info info{};
+  ASSERT_NE(dladdr(dlsym(RTLD_DEFAULT, "malloc"), &info), 0);
+  EXPECT_NE(std::string(info.dli_fname).find("tcmalloc"), std::string::npos) << "malloc is from " << info.dli_fname;
+  for (const char* name : {"mnist", "charlm", "fulgur_bench"}) {
+    const std::string cmd = "LD_TRACE_LOADED_OBJECTS=1 " + fulgur::testing::program(name);
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr) << cmd;
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    EXPECT_EQ(pclose(p), 0) << cmd;
+    EXPECT_NE(out.find("libtcmalloc_minimal"), std::string::npos) << name << "'s libraries:\n" << out;
+  }
+}
+#endif

@@ -16,7 +16,9 @@
 // (M_TOP_PAD) covers it. XLA:CPU's threads allocate each execution's
 // temporary buffer (49 MiB for charlm's step) that way: 5,300 page faults a
 // step before the policy set the pad to kTopPad. The pad only reserves
-// address space; untouched pages cost no memory.
+// address space; untouched pages cost no memory. A program linked with
+// another allocator (fulgur's own link tcmalloc) is not affected: mallopt is
+// glibc's.
 
 #include <cstddef>
 
