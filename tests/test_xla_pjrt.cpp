@@ -184,7 +184,7 @@ TEST(XlaPjrt, AnInvalidHostKernelsSettingIsAnErrorNamingTheValidOnes) {
         std::_Exit(0);
       },
       ::testing::ExitedWithCode(3),
-      "invalid_argument: FULGUR_XLA_HOST_KERNELS='yes' is not valid: \"0\" .*or \"1\"");
+      "invalid_argument: FULGUR_XLA_HOST_KERNELS='yes' is not valid: \"0\" .*\"1\" .*or unset");
 }
 
 namespace {
@@ -294,6 +294,43 @@ TEST(XlaPjrt, MnistCnnTrainsWithTheEagerLossesAndParameters) {
   auto cpu = fit<Cnn>("cpu", make, banded_images(160), 8);
   auto xla = fit<Cnn>("xla", make, banded_images(160), 8);
   expect_like_the_cpu(cpu, xla, 20, 1e-4);
+}
+
+namespace {
+
+// In a child process (which makes its own PJRT client): PJRT_NPROC=nproc, FULGUR_XLA_HOST_KERNELS
+// = host (nullptr: unset), 5 steps of the SGD CNN on cpu and on xla. Exits with 2 when a loss or
+// parameter is off by more than 1e-4, else with 10 + whether convolutions ran libtorch's kernels.
+[[noreturn]] void exit_with_the_convolution_choice(const char* nproc, const char* host) {
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  setenv("PJRT_NPROC", nproc, 1);
+  if (host) setenv("FULGUR_XLA_HOST_KERNELS", host, 1); else unsetenv("FULGUR_XLA_HOST_KERNELS");
+  auto make = [] { return std::make_shared<SgdCnn>(); };
+  auto cpu = fit<SgdCnn>("cpu", make, banded_images(40), 8);
+  auto xla = fit<SgdCnn>("xla", make, banded_images(40), 8);
+  double worst = 0;
+  for (size_t i = 0; i < cpu.net->losses.size(); ++i)
+    worst = std::max(worst, std::abs(cpu.net->losses[i] - xla.net->losses[i]));
+  auto a = cpu.net->named_parameters(), b = xla.net->named_parameters();
+  for (const auto& p : a) worst = std::max(worst, (b[p.key()] - p.value()).abs().max().item<double>());
+  std::fprintf(stderr, "steps %zu, largest difference %g\n%s\n", xla.net->losses.size(), worst,
+               xla::metrics_report().c_str());
+  if (xla.net->losses.size() != 5 || !(worst <= 1e-4)) std::_Exit(2);
+  std::_Exit(10 + (xla::metrics().xla_host_convolutions ? 1 : 0));
+}
+
+}  // namespace
+
+// FULGUR_XLA_HOST_KERNELS unset: the CPU plugin runs libtorch's convolutions when XLA:CPU has one
+// thread (PJRT_NPROC=1, two workers on two cores), XLA's own otherwise; "0" keeps XLA's. Either
+// way the CNN trains like eager, and the metrics report says which ran.
+TEST(XlaPjrt, ConvolutionsRunLibtorchsKernelsWhenXlaHasOneThread) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(exit_with_the_convolution_choice("1", nullptr), ::testing::ExitedWithCode(11),
+              "convolutions: +libtorch's kernels");
+  EXPECT_EXIT(exit_with_the_convolution_choice("2", nullptr), ::testing::ExitedWithCode(10),
+              "convolutions: +XLA's own");
+  EXPECT_EXIT(exit_with_the_convolution_choice("1", "0"), ::testing::ExitedWithCode(10), "convolutions: +XLA's own");
 }
 
 TEST(XlaPjrt, MnistMlpTrainsWithTheEagerLossesAndParameters) {

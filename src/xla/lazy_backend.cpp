@@ -188,6 +188,7 @@ class LazyBackend : public Backend {
       m.bytes_to_host = p.bytes_to_host;
       m.xla_fallbacks = p.fallbacks;
       m.ts_fallback_executions = p.fallback_executions;
+      m.xla_host_convolutions = p.host_convolutions;
     }
     return m;
   }

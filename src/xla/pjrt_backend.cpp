@@ -19,12 +19,14 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <string>
 
 #include "xla/host_kernels.h"
 #include "xla/pjrt/client.h"
@@ -46,9 +48,18 @@ void count_bytes(int64_t up, int64_t down) {
   metrics_.bytes_to_host += down;
 }
 
-// How graphs are emitted for the process's client, decided once: FULGUR_XLA_HOST_KERNELS=1 makes
-// convolutions on the CPU plugin call libtorch's kernels (xla/host_kernels.h); unset or 0, they
-// are XLA's own. Which is faster depends on the CPU (bench/RESULTS.md).
+// How graphs are emitted for the process's client, decided at the first compile.
+// FULGUR_XLA_HOST_KERNELS=1 makes convolutions on the CPU plugin call libtorch's kernels
+// (xla/host_kernels.h), 0 keeps XLA's own. Unset, the CPU plugin uses libtorch's when XLA:CPU
+// runs the worker's graphs on one thread (PJRT_NPROC=1: the thread policy's choice for two
+// workers on two cores, or the user's), XLA's otherwise: on this project's Intel machine the
+// MNIST CNN's step was 0.74x with libtorch's on two workers and 0.67x on one process with
+// PJRT_NPROC=1, but 1.16x on one process with XLA on two threads (bench/RESULTS.md).
+bool xla_runs_on_one_thread() {
+  const char* n = std::getenv("PJRT_NPROC");  // set before the client existed (pjrt/client.cpp)
+  return n && std::string(n) == "1";
+}
+
 const stablehlo::EmitOptions& emit_options() {
   static const stablehlo::EmitOptions options = [] {
     stablehlo::EmitOptions o;
@@ -56,15 +67,20 @@ const stablehlo::EmitOptions& emit_options() {
     const std::string v = env ? env : "";
     if (!v.empty() && v != "0" && v != "1")
       throw std::invalid_argument("FULGUR_XLA_HOST_KERNELS='" + v +
-                                  "' is not valid: \"0\" (the default: XLA's own convolutions) or \"1\" "
-                                  "(convolutions on the CPU plugin run libtorch's kernels)");
-    if (v != "1") return o;
+                                  "' is not valid: \"0\" (XLA's own convolutions), \"1\" (convolutions on the "
+                                  "CPU plugin run libtorch's kernels), or unset (libtorch's when the CPU plugin "
+                                  "runs on one thread, PJRT_NPROC=1)");
+    if (v == "0") return o;
     const pjrt::Client& client = pjrt::process_client();
-    if (client.platform_name() != "cpu")
+    const bool cpu = client.platform_name() == "cpu";
+    if (v == "1" && !cpu)
       throw std::invalid_argument("FULGUR_XLA_HOST_KERNELS=1 needs the CPU plugin; the plugin " +
                                   client.plugin().path() + " runs on '" + client.platform_name() + "'");
+    if (!cpu || (v.empty() && !xla_runs_on_one_thread())) return o;
     host_kernels::register_with(client.plugin());
     o.host_convolutions = true;
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    metrics_.host_convolutions = true;
     return o;
   }();
   return options;

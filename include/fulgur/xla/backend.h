@@ -41,6 +41,9 @@ struct BackendMetrics {
   int64_t bytes_to_host = 0;
   std::map<std::string, int64_t> xla_fallbacks;
   int64_t ts_fallback_executions = 0;
+  // Convolutions run libtorch's CPU kernels inside the compiled programs instead of XLA's own
+  // (FULGUR_XLA_HOST_KERNELS; decided at the first compile).
+  bool xla_host_convolutions = false;
 };
 
 class Backend {
