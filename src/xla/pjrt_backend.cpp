@@ -54,7 +54,8 @@ void count_bytes(int64_t up, int64_t down) {
 // runs the worker's graphs on one thread (PJRT_NPROC=1: the thread policy's choice for two
 // workers on two cores, or the user's), XLA's otherwise: on this project's Intel machine the
 // MNIST CNN's step was 0.74x with libtorch's on two workers and 0.67x on one process with
-// PJRT_NPROC=1, but 1.16x on one process with XLA on two threads (bench/RESULTS.md).
+// PJRT_NPROC=1, but 1.28x eager against 1.11x on one process with XLA on two threads
+// (bench/RESULTS.md, session 13).
 bool xla_runs_on_one_thread() {
   const char* n = std::getenv("PJRT_NPROC");  // set before the client existed (pjrt/client.cpp)
   return n && std::string(n) == "1";
