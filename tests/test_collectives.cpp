@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
+
 #include <chrono>
 #include <thread>
 
@@ -256,7 +258,22 @@ TEST(Collectives, PeerExitFailsTheOthersFast) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(secs, 10) << "rank 0 must not wait for the 20 s timeout";
   EXPECT_FALSE(rs[0].exited_ok());
+  EXPECT_TRUE(WIFEXITED(rs[0].status)) << "rank 0 must fail with an error, not die of signal "
+                                       << (WIFSIGNALED(rs[0].status) ? WTERMSIG(rs[0].status) : 0);
   EXPECT_NE(rs[0].error.find("all_reduce"), std::string::npos) << rs[0].error;
+}
+
+// The cause of the test above's rare failure under load: rank 0 died of SIGPIPE writing to
+// the peer that had exited. After create, SIGPIPE is ignored (as in Python) so the write fails
+// with an error instead.
+TEST(Collectives, CreateIgnoresSigpipeSoAGonePeerIsAnError) {
+  auto rs = run_ranks(1, [](Collectives&) {
+    struct sigaction now {};
+    ::sigaction(SIGPIPE, nullptr, &now);
+    if (now.sa_handler != SIG_IGN) throw std::runtime_error("SIGPIPE is not ignored after Collectives::create");
+    ::raise(SIGPIPE);  // would kill the process with the default disposition
+  });
+  EXPECT_TRUE(rs[0].exited_ok()) << rs[0].error << " status " << rs[0].status;
 }
 
 TEST(Collectives, WorldSizeMismatchReportsHowManyJoined) {
