@@ -595,9 +595,8 @@ void GlooPending::wait() {
 // Gloo's write to the socket of a peer that has gone raises SIGPIPE: with the default
 // disposition that killed the rank outright (signal 13: no error, no word of which peer left;
 // Collectives.PeerExitFailsTheOthersFast under load) instead of failing its collective with
-// Gloo's connection error. Python,
-// and so every Lightning process, ignores SIGPIPE from startup; a process that has set its
-// own handler keeps it.
+// Gloo's connection error. Python, and so every Lightning process, ignores SIGPIPE from
+// startup; a process that has set its own handler keeps it.
 void ignore_sigpipe_unless_handled() {
   struct sigaction current {};
   if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&

@@ -36,7 +36,7 @@ void apply_pending_updates(const torch::nn::Module& module, torch::optim::Optimi
 // transpose of a matmul), and the view keeps its base alive: the step's graph
 // would write out the base as well as the view, and copy one into the other.
 // The clone is a value of its own, which XLA computes in place of the base
-// (MNIST MLP step 0.85x, bench/RESULTS.md).
+// (with gradients set to none: MNIST MLP step 0.89x, bench/RESULTS.md session 13).
 void run_closure(const torch::nn::Module& module, const std::function<void()>& closure) {
   if (!closure) return;
   std::vector<at::Tensor> params = module.parameters();
