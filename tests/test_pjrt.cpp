@@ -122,6 +122,49 @@ TEST_F(Pjrt, MultiplyAddMatchesEager) {
   EXPECT_TRUE(torch::equal(pjrt::to_tensor(out[0]), torch::full({4, 5}, 2.0f)));
 }
 
+// A program whose result may take over its first argument's buffer (as the emitter aliases an
+// optimizer's state to its update): a donated argument gives its memory to the result and is
+// deleted; one that is not donated is copied first and keeps its value.
+TEST_F(Pjrt, ADonatedArgumentIsTakenOverAndAKeptOneKeepsItsValue) {
+  const char* const kAxpyInPlace = R"(
+func.func @main(%m: tensor<64x32xf32> {tf.aliasing_output = 0 : i32}, %g: tensor<64x32xf32>) -> tensor<64x32xf32> {
+  %c = stablehlo.constant dense<0.9> : tensor<64x32xf32>
+  %0 = stablehlo.multiply %m, %c : tensor<64x32xf32>
+  %1 = stablehlo.add %0, %g : tensor<64x32xf32>
+  return %1 : tensor<64x32xf32>
+}
+)";
+  torch::manual_seed(0);
+  const auto m = torch::randn({64, 32}), g = torch::randn({64, 32});
+  const pjrt::Executable exe = client().compile(kAxpyInPlace);
+  const pjrt::Buffer dg = pjrt::to_device(client(), g);
+  const torch::Tensor want = m * 0.9 + g;
+
+  // Not donated: the plugin copies the argument, which keeps its value.
+  const pjrt::Buffer kept = pjrt::to_device(client(), m);
+  std::vector<pjrt::Buffer> out = exe.execute({&kept, &dg});
+  EXPECT_TRUE(torch::allclose(pjrt::to_tensor(out[0]), want, 1e-6, 1e-6));
+  EXPECT_FALSE(kept.is_deleted());
+  EXPECT_TRUE(torch::equal(pjrt::to_tensor(kept), m));
+
+  // Donated, in a loop as a training step does: each result takes the last one's memory.
+  auto state = std::make_shared<const pjrt::Buffer>(pjrt::to_device(client(), m));
+  torch::Tensor expected = m;
+  for (int step = 0; step < 50; ++step) {
+    const auto given = state;
+    std::vector<pjrt::Buffer> next = exe.execute({given.get(), &dg}, {given});
+    EXPECT_TRUE(given->is_deleted()) << "step " << step;
+    state = std::make_shared<const pjrt::Buffer>(std::move(next[0]));
+    expected = expected * 0.9 + g;
+  }
+  EXPECT_TRUE(torch::allclose(pjrt::to_tensor(*state), expected, 1e-5, 1e-5));
+
+  // A donated buffer must be one of the arguments.
+  const auto stranger = std::make_shared<const pjrt::Buffer>(pjrt::to_device(client(), m));
+  EXPECT_THROW(exe.execute({&kept, &dg}, {stranger}), std::invalid_argument);
+  EXPECT_FALSE(stranger->is_deleted());
+}
+
 TEST_F(Pjrt, DotGeneralMatchesEagerMatmuls) {
   torch::manual_seed(1);
   const auto x = torch::randn({2, 3, 4}), y = torch::randn({2, 4, 5}), v = torch::randn({3, 4}),

@@ -36,6 +36,7 @@
 
 namespace pjrt = fulgur::xla::pjrt;
 using c10::IValue;
+using fulgur::xla::stablehlo::Alias;
 using fulgur::xla::stablehlo::Emission;
 using fulgur::xla::stablehlo::emit_stablehlo;
 using torch::jit::Graph;
@@ -921,6 +922,43 @@ TEST(StableHlo, TypedIrTextAsInTheHeaderExample) {
 
   const auto complex = parse("graph(%a : ComplexFloat(2)):\n  %c : ComplexFloat(2) = aten::mul(%a, %a)\n  return (%c)\n");
   EXPECT_EQ(emit_stablehlo(*complex).unsupported, (std::vector<std::string>{"graph input 0 (dtype ComplexFloat)"}));
+}
+
+// Input/output aliases: kept for an input one op reads whose result has its type (an optimizer
+// state's update), dropped for an input read twice (a weight), a result of another type, and a
+// second alias of one input or result. The compiled program updates the kept one in place.
+TEST(StableHlo, AliasesAreDeclaredForSingleUseInputsOfTheResultsType) {
+  const auto graph = parse(R"IR(
+graph(%m : Float(4, 3), %w : Float(4, 3), %g : Float(4, 3), %h : Double(4, 3)):
+  %k : float = prim::Constant[value=0.5]()
+  %m2 : Float(4, 3) = aten::mul(%m, %k)
+  %w2 : Float(4, 3) = aten::add(%w, %g, %k)
+  %y : Float(4, 3) = aten::mul(%w, %m2)
+  %h2 : Double(4, 3) = aten::mul(%h, %k)
+  return (%m2, %w2, %y, %h2)
+)IR");
+  const std::vector<Alias> asked{{0, 0}, {1, 1}, {2, 3}, {0, 2}, {3, 3}, {3, 0}};
+  const Emission e = emit_stablehlo(*graph, {}, asked);
+  ASSERT_EQ(e.unsupported, std::vector<std::string>{});
+  // %m (one use) with %m2; %w is read twice; %g's result has another type; {0, 2} is a second
+  // alias of %m; %h with %h2 (one use, same type); {3, 0} a second of %h.
+  EXPECT_EQ(e.aliases, (std::vector<Alias>{{0, 0}, {3, 3}})) << e.module;
+  EXPECT_NE(e.module.find("%a0: tensor<4x3xf32> {tf.aliasing_output = 0 : i32}"), std::string::npos) << e.module;
+  EXPECT_NE(e.module.find("%a3: tensor<4x3xf64> {tf.aliasing_output = 3 : i32}"), std::string::npos) << e.module;
+  EXPECT_EQ(emit_stablehlo(*graph).aliases, std::vector<Alias>{});
+
+  const pjrt::Client& client = pjrt::process_client();
+  const auto m = torch::randn({4, 3}), w = torch::randn({4, 3}), g = torch::randn({4, 3});
+  const auto h = torch::randn({4, 3}, torch::kDouble);
+  auto dm = std::make_shared<const pjrt::Buffer>(pjrt::to_device(client, m));
+  const pjrt::Buffer dw = pjrt::to_device(client, w), dg = pjrt::to_device(client, g), dh = pjrt::to_device(client, h);
+  const auto out = client.compile(e.module).execute({dm.get(), &dw, &dg, &dh}, {dm});
+  EXPECT_TRUE(dm->is_deleted());
+  EXPECT_TRUE(torch::allclose(pjrt::to_tensor(out.at(0)), m * 0.5));
+  EXPECT_TRUE(torch::allclose(pjrt::to_tensor(out.at(1)), w + g * 0.5));
+  EXPECT_TRUE(torch::allclose(pjrt::to_tensor(out.at(2)), w * m * 0.5));
+  EXPECT_TRUE(torch::allclose(pjrt::to_tensor(out.at(3)), h * 0.5));
+  EXPECT_TRUE(torch::equal(pjrt::to_tensor(dh), h)) << "a kept argument changed";
 }
 
 TEST(StableHlo, UntypedGraphIsAnErrorNamingTheValue) {

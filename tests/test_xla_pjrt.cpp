@@ -26,6 +26,7 @@
 #include <regex>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <torch/csrc/lazy/core/metrics.h>
+#include <torch/optim/adam.h>
 
 using namespace fulgur;
 using fulgur::testing::regression_data;
@@ -369,6 +370,60 @@ TEST(XlaPjrt, ABatchSizeChangeRecompilesAndWarns) {
   EXPECT_GT(g[8], g[7]) << "XLA compiled no graph for the batch of 3";
   EXPECT_THAT(r.stderr_text, HasSubstr("xla graph recompiled at step 8"));
   EXPECT_THAT(r.stderr_text, HasSubstr("from [8, 1, 28, 28], [8] to [3, 1, 28, 28], [3]"));
+}
+
+namespace {
+
+// The Mlp, holding before each optimizer step (but the first) the lazy tensor under fc1.weight's
+// exp_avg: device data that a tensor other than the updated one still holds, so the step must
+// not take its buffer over. After the step it must still read as the value before it.
+struct HoldsAnOldAdamState : Mlp {
+  HoldsAnOldAdamState() : Mlp(false) {}
+  void on_before_optimizer_step(torch::optim::Optimizer& opt) override {
+    const auto it = opt.state().find(c10::guts::to_string(fc1->weight.unsafeGetTensorImpl()));
+    if (it == opt.state().end()) return;
+    const torch::Tensor& exp_avg = static_cast<torch::optim::AdamParamState&>(*it->second).exp_avg();
+    at::functionalization::impl::sync(exp_avg);
+    held = at::functionalization::impl::from_functional_tensor(exp_avg);
+    held_before = held.to(torch::kCPU);
+  }
+  void on_train_batch_end(const StepOutput& out, const Batch& b, int64_t i) override {
+    Mlp::on_train_batch_end(out, b, i);
+    if (held.defined() && !torch::equal(held.to(torch::kCPU), held_before)) ++clobbered;
+    held = torch::Tensor();
+  }
+  torch::Tensor held, held_before;
+  int clobbered = 0;
+};
+
+}  // namespace
+
+// Adam's state (exp_avg, exp_avg_sq: read only by its update) is updated in place: each step's
+// execution takes over the buffers of the old values, 2 per parameter from the second step on
+// (the first reads the zeros it makes). The weights are not (the forward and backward read them
+// too). Device data another tensor still holds is copied instead, and keeps its value.
+TEST(XlaPjrt, AdamsStateIsUpdatedInPlaceUnlessAnotherTensorHoldsIt) {
+  setenv("FULGUR_XLA_BACKEND", "pjrt", 1);
+  TrainRun cpu = train("cpu");
+  TrainRun xla = train("xla");
+  expect_same(cpu, xla);
+  const int64_t params = 4, bytes = 161 * 4;  // fc1 and fc2, 161 floats
+  auto m = xla::metrics();
+  EXPECT_EQ(m.xla_buffers_donated, 2 * params * 19) << xla::metrics_report();
+  EXPECT_EQ(m.xla_bytes_donated, 2 * bytes * 19);
+  EXPECT_THAT(xla::metrics_report(), HasSubstr("buffers donated:     " + std::to_string(m.xla_buffers_donated)));
+
+  TempDir dir;
+  torch::manual_seed(7);
+  HoldsAnOldAdamState net;
+  Trainer t(TrainerOptions().accelerator("xla").devices(1).max_epochs(1).default_root_dir(dir.path)
+                .enable_progress_bar(false).enable_checkpointing(false).enable_model_summary(false));
+  t.fit(net, std::make_shared<DataLoader>(regression_data(160), DataLoaderOptions(8)));
+  ASSERT_EQ(net.losses.size(), 20u);
+  EXPECT_EQ(net.clobbered, 0);
+  for (size_t i = 0; i < net.losses.size(); ++i) EXPECT_NEAR(net.losses[i], cpu.net->losses[i], 1e-4) << "step " << i;
+  const auto after = xla::metrics();
+  EXPECT_EQ(after.xla_buffers_donated - m.xla_buffers_donated, (2 * params - 1) * 19) << xla::metrics_report();
 }
 
 TEST(XlaPjrt, DeviceDataStaysOnTheDeviceBetweenSteps) {

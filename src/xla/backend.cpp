@@ -55,6 +55,8 @@ std::string Backend::metrics_report() const {
     o << "  xla executions:      " << m.xla_executions << "\n";
     o << "  bytes to device:     " << m.bytes_to_device << "\n";
     o << "  bytes to host:       " << m.bytes_to_host << "\n";
+    o << "  buffers donated:     " << m.xla_buffers_donated << " (" << m.xla_bytes_donated
+      << " bytes reused in place)\n";
     o << "  convolutions:        " << (m.xla_host_convolutions ? "libtorch's kernels (host kernels)" : "XLA's own")
       << "\n";
     o << "  graphs kept on TorchScript, by op: ";

@@ -100,10 +100,21 @@ lazy::LazyTensorPtr lazy_tensor(const at::Tensor& t) {
   return lazy::TryGetLtcTensor(lazy::maybe_unwrap_functional(t));
 }
 
-// Makes `value` the tensor's new value, as an in-place op does.
+// Makes `value` the tensor's new value, as an in-place op does. Functionalization puts a new
+// lazy tensor under the wrapper; the old value's device data is marked as that tensor's, so that
+// the lazy core's step mark aliases the new value to it (LazyGraphExecutor::
+// BuildInputOutputAliases matches a parameter's DeviceDataInfo::tensor_id with an output's
+// tensor) and the PJRT backend can let XLA update the buffer in place. (Keeping the old lazy
+// tensor and setting its IR value instead reorders the graph's outputs, which made the MNIST
+// CNN's XLA step 1.08x slower.)
 void assign(const at::Tensor& t, lazy::Value value, const lazy::BackendDevice& device) {
   if (functionalization::isFunctionalTensor(t)) {
-    functionalization::replace_(t, lazy::CreateAtenFromLtcTensor(lazy::LazyTensor::Create(std::move(value), device)));
+    const lazy::LazyTensorPtr before = lazy::TryGetLtcTensor(functionalization::from_functional_tensor(t));
+    const lazy::BackendDataPtr old = before ? before->CurrentDataHandle() : nullptr;
+    const lazy::LazyTensorPtr updated = lazy::LazyTensor::Create(std::move(value), device);
+    if (old)
+      old->SetInfo(std::make_shared<lazy::LazyGraphExecutor::DeviceDataInfo>(updated->GetUniqueId(), /*read_only=*/false));
+    functionalization::replace_(t, lazy::CreateAtenFromLtcTensor(updated));
     functionalization::commit_update(t);
     functionalization::sync(t);
   } else {

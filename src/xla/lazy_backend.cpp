@@ -189,6 +189,8 @@ class LazyBackend : public Backend {
       m.xla_fallbacks = p.fallbacks;
       m.ts_fallback_executions = p.fallback_executions;
       m.xla_host_convolutions = p.host_convolutions;
+      m.xla_buffers_donated = p.buffers_donated;
+      m.xla_bytes_donated = p.bytes_donated;
     }
     return m;
   }

@@ -176,20 +176,55 @@ at::Tensor host_tensor(const lazy::BackendDataPtr& data) {
   return std::static_pointer_cast<lazy::TSData>(data)->data();
 }
 
+// The graph of a lowering with the input/output aliases the lazy core set up for it.
+class LoweredComputation : public lazy::TSComputation {
+ public:
+  LoweredComputation(const std::shared_ptr<torch::jit::Graph>& graph, std::vector<stablehlo::Alias> aliases)
+      : lazy::TSComputation(graph), aliases(std::move(aliases)) {}
+  std::vector<stablehlo::Alias> aliases;
+};
+
+// The TorchScript lowering, keeping the aliases the lazy core asks for at a step mark
+// (LazyGraphExecutor::BuildInputOutputAliases: a tensor the graph updates whose old value is
+// one of its parameters; TSLoweringContext drops them).
+class PjrtLoweringContext : public lazy::TSLoweringContext {
+ public:
+  using lazy::TSLoweringContext::TSLoweringContext;
+  // The shapes are compared when the graph is emitted (stablehlo::Emission::aliases), once the
+  // results are typed.
+  bool CheckResultShape(const lazy::BackendDataPtr&, size_t) override { return true; }
+  void SetUpAlias(const std::vector<int64_t>& output_index, int64_t param_number, const std::vector<int64_t>&,
+                  bool) override {
+    if (output_index.size() == 1 && output_index[0] >= 0 && param_number >= 0)
+      aliases_.push_back({static_cast<size_t>(param_number), static_cast<size_t>(output_index[0])});
+  }
+  lazy::ComputationPtr Build() override {
+    auto built = lazy::TSLoweringContext::Build();  // registers the graph's outputs
+    return std::make_shared<LoweredComputation>(static_cast<lazy::TSComputation&>(*built).graph(), aliases_);
+  }
+
+ private:
+  std::vector<stablehlo::Alias> aliases_;
+};
+
 // A TorchScript computation that, when XLA compiled its graph, runs on PJRT instead.
 class PjrtComputation : public lazy::TSComputation {
  public:
   PjrtComputation(const std::shared_ptr<torch::jit::Graph>& graph, std::shared_ptr<pjrt::Executable> exe,
-                  std::vector<lazy::Shape> output_shapes, std::vector<size_t> updated_inputs)
+                  std::vector<lazy::Shape> output_shapes, std::vector<size_t> updated_inputs,
+                  std::vector<stablehlo::Alias> aliases = {})
       : lazy::TSComputation(graph),
         executable(std::move(exe)),
         output_shapes(std::move(output_shapes)),
-        updated_inputs(std::move(updated_inputs)) {}
+        updated_inputs(std::move(updated_inputs)),
+        aliases(std::move(aliases)) {}
   std::shared_ptr<pjrt::Executable> executable;  // null: run by TorchScript
   std::vector<lazy::Shape> output_shapes;          // of the graph's outputs, when run by XLA
   // Arguments the graph updates in place (stablehlo::Emission::updated_inputs); on XLA their new
   // values are the results after the graph's outputs.
   std::vector<size_t> updated_inputs;
+  // Arguments whose buffers the executable may reuse for a result (stablehlo::Emission::aliases).
+  std::vector<stablehlo::Alias> aliases;
 };
 
 // The graph with the tensor types this backend set taken off again, for the TorchScript
@@ -269,8 +304,8 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
   std::unique_ptr<lazy::LoweringContext> CreateLoweringContext(const std::string& name, lazy::BackendDevice device,
                                                                c10::ArrayRef<lazy::Node*> post_order,
                                                                lazy::Util::EmissionMap emit_status) const override {
-    auto ctx = ts()->CreateLoweringContext(name, device, post_order, emit_status);
-    auto* tsctx = static_cast<lazy::TSLoweringContext*>(ctx.get());
+    auto ctx = std::make_unique<PjrtLoweringContext>(name, device, post_order, emit_status);
+    auto* tsctx = ctx.get();
     // Outputs: the lazy nodes' shapes.
     for (lazy::Node* node : post_order) {
       for (size_t i = 0; i < node->num_outputs(); ++i) {
@@ -315,12 +350,16 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
       std::shared_ptr<pjrt::Executable> exe;
       std::vector<lazy::Shape> shapes;
       std::vector<size_t> updated;
+      std::vector<stablehlo::Alias> aliases;
+      const auto* lowered = dynamic_cast<const LoweredComputation*>(tsc);
       const stablehlo::EmitOptions& options = emit_options();  // a bad setting is the user's error
       try {
-        stablehlo::Emission e = stablehlo::emit_stablehlo(*graph, options);
+        stablehlo::Emission e =
+            stablehlo::emit_stablehlo(*graph, options, lowered ? lowered->aliases : std::vector<stablehlo::Alias>{});
         if (e.unsupported.empty()) {
           shapes = output_shapes_of(*graph);
           updated = e.updated_inputs;
+          aliases = e.aliases;
           exe = std::make_shared<pjrt::Executable>(pjrt::process_client().compile(e.module));
         } else {
           reasons = e.unsupported;
@@ -331,7 +370,8 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::shared_ptr<PjrtComputation> c;
       if (exe) {
-        c = std::make_shared<PjrtComputation>(graph, std::move(exe), std::move(shapes), std::move(updated));
+        c = std::make_shared<PjrtComputation>(graph, std::move(exe), std::move(shapes), std::move(updated),
+                                              std::move(aliases));
         std::lock_guard<std::mutex> lock(metrics_mu);
         ++metrics_.graphs_compiled;
         metrics_.compile_seconds += dt;
@@ -368,7 +408,32 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
       keep.push_back(d->scalar.has_value() ? number_buffer(*d->scalar) : upload(d->data()));
       args.push_back(keep.back().get());
     }
-    std::vector<pjrt::Buffer> outs = pc->executable->execute(args);
+    // An aliased argument is donated when nothing but this execution holds it: the lazy core's
+    // parameter list holds the device data object and that object alone holds the buffer. A
+    // tensor whose value it still is, a pending graph's node or data sharing the buffer (Assign)
+    // would each hold one more, and then the plugin copies the argument instead. The data lose
+    // their buffer: the lazy core reads them no more, and a stray read is an error, not garbage.
+    std::vector<std::shared_ptr<const pjrt::Buffer>> donated;
+    std::vector<PjrtData*> donors;
+    int64_t donated_bytes = 0;
+    for (const stablehlo::Alias& al : pc->aliases) {
+      const auto& a = arguments[al.input];
+      auto* p = dynamic_cast<PjrtData*>(a.get());
+      if (!p || !p->buffer() || a.use_count() != 1 || p->buffer().use_count() != 1) continue;
+      donated.push_back(p->buffer());
+      donors.push_back(p);
+      donated_bytes += static_cast<int64_t>(p->shape().numel() * c10::elementSize(p->shape().scalar_type()));
+    }
+    for (PjrtData* p : donors) p->set_buffer(nullptr);
+    const std::vector<std::shared_ptr<const pjrt::Buffer>> given = donated;
+    std::vector<pjrt::Buffer> outs;
+    try {
+      outs = pc->executable->execute(args, std::move(donated));
+    } catch (...) {
+      for (size_t i = 0; i < donors.size(); ++i)  // what a failed execution did not take keeps its value
+        if (!given[i]->is_deleted()) donors[i]->set_buffer(given[i]);
+      throw;
+    }
     const size_t n = pc->output_shapes.size();
     if (outs.size() != n + pc->updated_inputs.size())
       throw std::logic_error("xla (pjrt): an executable gave " + std::to_string(outs.size()) + " results for " +
@@ -387,6 +452,8 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
     }
     std::lock_guard<std::mutex> lock(metrics_mu);
     ++metrics_.executions;
+    metrics_.buffers_donated += static_cast<int64_t>(donors.size());
+    metrics_.bytes_donated += donated_bytes;
     return results;
   }
 

@@ -33,6 +33,9 @@ struct PjrtBackendMetrics {
   // sync): copy_device_value_to_host calls that copied, device_tensor_from_host calls.
   int64_t one_copy_to_host = 0;
   int64_t one_copy_to_device = 0;
+  // Arguments an execution took over for the result aliased to them, and their bytes.
+  int64_t buffers_donated = 0;
+  int64_t bytes_donated = 0;
   // Per op kind (or reason) that kept a graph on TorchScript: the number of such graphs compiled
   // (a graph the lazy core's cache holds is counted once, however often it runs).
   std::map<std::string, int64_t> fallbacks;

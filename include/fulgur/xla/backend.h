@@ -44,6 +44,11 @@ struct BackendMetrics {
   // Convolutions run libtorch's CPU kernels inside the compiled programs instead of XLA's own
   // (FULGUR_XLA_HOST_KERNELS; decided at the first compile).
   bool xla_host_convolutions = false;
+  // Arguments whose buffers an execution took over for a result (a parameter or optimizer
+  // state the step updates, nothing else holding its old value), and their bytes: memory XLA
+  // reused in place instead of allocating the result.
+  int64_t xla_buffers_donated = 0;
+  int64_t xla_bytes_donated = 0;
 };
 
 class Backend {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <mutex>
 #include <stdexcept>
 #include <utility>
@@ -56,6 +57,16 @@ class Event {
   }
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
+
+  // Whether the operation the event stands for has finished (successfully or not).
+  bool ready() const {
+    if (!event_) return true;
+    PJRT_Event_IsReady_Args a{};
+    a.struct_size = PJRT_Event_IsReady_Args_STRUCT_SIZE;
+    a.event = event_;
+    plugin_.check(plugin_.api()->PJRT_Event_IsReady(&a), "PJRT_Event_IsReady");
+    return a.is_ready;
+  }
 
   // Waits for the event; throws PjrtError naming `call` (the operation it stands for) if that
   // operation failed.
@@ -135,6 +146,14 @@ ElementType Buffer::element_type() const {
   return static_cast<ElementType>(a.type);
 }
 
+bool Buffer::is_deleted() const {
+  PJRT_Buffer_IsDeleted_Args a{};
+  a.struct_size = PJRT_Buffer_IsDeleted_Args_STRUCT_SIZE;
+  a.buffer = buffer_;
+  plugin_->check(plugin_->api()->PJRT_Buffer_IsDeleted(&a), "PJRT_Buffer_IsDeleted");
+  return a.is_deleted;
+}
+
 std::vector<int64_t> Buffer::dims() const {
   PJRT_Buffer_Dimensions_Args a{};
   a.struct_size = PJRT_Buffer_Dimensions_Args_STRUCT_SIZE;
@@ -162,8 +181,34 @@ void Buffer::to_host(void* dst, size_t bytes) const {
 
 // ---------------------------------------------------------------- Executable
 
+// The buffers executions took over, each batch with the event of its execution's end, oldest
+// first. Destroyed once that event is ready, so that no destroy waits.
+struct Executable::Donated {
+  std::mutex mu;
+  std::deque<std::pair<std::unique_ptr<Event>, std::vector<std::shared_ptr<const Buffer>>>> pending;
+
+  // Destroys the batches whose execution has finished; every batch, waiting for each, if `all`.
+  void reap(bool all) {
+    std::lock_guard<std::mutex> lock(mu);
+    while (!pending.empty()) {
+      Event& done = *pending.front().first;
+      if (all) {
+        try {
+          done.await("PJRT_LoadedExecutable_Execute");
+        } catch (const std::exception&) {
+          // the execution's own error reached its results' readers
+        }
+      } else if (!done.ready()) {
+        break;
+      }
+      pending.pop_front();
+    }
+  }
+  ~Donated() { reap(true); }
+};
+
 Executable::Executable(const Plugin& plugin, PJRT_Device* device, PJRT_LoadedExecutable* executable)
-    : plugin_(&plugin), device_(device), executable_(executable) {
+    : plugin_(&plugin), device_(device), executable_(executable), donated_(std::make_shared<Donated>()) {
   PJRT_LoadedExecutable_GetExecutable_Args g{};
   g.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
   g.loaded_executable = executable_;
@@ -189,33 +234,50 @@ Executable::Executable(Executable&& other) noexcept
     : plugin_(other.plugin_),
       device_(other.device_),
       executable_(std::exchange(other.executable_, nullptr)),
-      num_outputs_(other.num_outputs_) {}
+      num_outputs_(other.num_outputs_),
+      donated_(std::move(other.donated_)) {}
 
 Executable& Executable::operator=(Executable&& other) noexcept {
   if (this != &other) {
+    if (donated_) donated_->reap(true);
     if (executable_) destroy_executable(*plugin_, executable_);
     plugin_ = other.plugin_;
     device_ = other.device_;
     executable_ = std::exchange(other.executable_, nullptr);
     num_outputs_ = other.num_outputs_;
+    donated_ = std::move(other.donated_);
   }
   return *this;
 }
 
 Executable::~Executable() {
+  if (donated_) donated_->reap(true);
   if (executable_) destroy_executable(*plugin_, executable_);
 }
 
-std::vector<Buffer> Executable::execute(const std::vector<const Buffer*>& args) const {
+std::vector<Buffer> Executable::execute(const std::vector<const Buffer*>& args,
+                                        std::vector<std::shared_ptr<const Buffer>> donated) const {
   std::vector<PJRT_Buffer*> inputs;
   inputs.reserve(args.size());
   for (const Buffer* b : args) inputs.push_back(b->get());
+  // PJRT donates every aliased argument but those it is told to keep.
+  std::vector<bool> donate(args.size(), false);
+  for (const auto& d : donated) {
+    const auto it = std::find(args.begin(), args.end(), d.get());
+    if (it == args.end()) throw std::invalid_argument("Executable::execute: a donated buffer is not an argument");
+    donate[static_cast<size_t>(it - args.begin())] = true;
+  }
+  std::vector<int64_t> kept;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (!donate[i]) kept.push_back(static_cast<int64_t>(i));
   PJRT_Buffer* const* argument_lists[] = {inputs.data()};
   std::vector<PJRT_Buffer*> outputs(num_outputs_, nullptr);
   PJRT_Buffer** output_lists[] = {outputs.data()};
 
   PJRT_ExecuteOptions options{};
   options.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
+  options.non_donatable_input_indices = kept.data();
+  options.num_non_donatable_input_indices = kept.size();
   PJRT_LoadedExecutable_Execute_Args a{};
   a.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
   a.executable = executable_;
@@ -226,7 +288,15 @@ std::vector<Buffer> Executable::execute(const std::vector<const Buffer*>& args) 
   a.output_lists = output_lists;
   // A portable executable has no device assignment of its own.
   a.execute_device = device_;
+  PJRT_Event* done = nullptr;
+  if (!donated.empty()) a.device_complete_events = &done;
+  donated_->reap(false);
   plugin_->check(plugin_->api()->PJRT_LoadedExecutable_Execute(&a), "PJRT_LoadedExecutable_Execute");
+  if (!donated.empty()) {
+    auto event = std::make_unique<Event>(*plugin_, done);
+    std::lock_guard<std::mutex> lock(donated_->mu);
+    donated_->pending.emplace_back(std::move(event), std::move(donated));
+  }
   detail::count_execution();
   std::vector<Buffer> result;
   result.reserve(outputs.size());

@@ -48,6 +48,8 @@ class Buffer {
 
   ElementType element_type() const;
   std::vector<int64_t> dims() const;
+  // True once an execution took the buffer over (Executable::execute's `donated`).
+  bool is_deleted() const;
   // Copies the buffer's dense row-major contents into `dst` and waits for the copy (and so for
   // the computation that produces the buffer). REQUIRES: `bytes` is the buffer's size.
   void to_host(void* dst, size_t bytes) const;
@@ -72,16 +74,27 @@ class Executable {
   size_t num_outputs() const { return num_outputs_; }
   // Runs the program on the client's device with `args` (in the order of the program's
   // parameters). The outputs may still be computing when this returns; Buffer::to_host waits.
-  std::vector<Buffer> execute(const std::vector<const Buffer*>& args) const;
+  //
+  // `donated`: arguments (each one of `args`) the execution may take over. An argument the
+  // program aliases to a result (`tf.aliasing_output`) that is in `donated` gives its memory to
+  // that result and is deleted (is_deleted()); one that is not is copied by the plugin first,
+  // so it keeps its value. The executable keeps the donated buffers until the execution has
+  // finished (PJRT_Buffer_Destroy of a donated buffer waits for it; the caller may be many
+  // executions ahead) and destroys them in a later call, or when it is destroyed.
+  std::vector<Buffer> execute(const std::vector<const Buffer*>& args,
+                              std::vector<std::shared_ptr<const Buffer>> donated = {}) const;
 
  private:
   friend class Client;
   Executable(const Plugin& plugin, PJRT_Device* device, PJRT_LoadedExecutable* executable);
 
+  struct Donated;  // donated buffers of executions that may still run
+
   const Plugin* plugin_;
   PJRT_Device* device_;
   PJRT_LoadedExecutable* executable_;
   size_t num_outputs_ = 0;
+  std::shared_ptr<Donated> donated_;
 };
 
 struct ClientOptions {

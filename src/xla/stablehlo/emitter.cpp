@@ -150,7 +150,8 @@ int64_t wrap_dim(int64_t dim, size_t rank) {
 
 class Emitter {
  public:
-  Emitter(const torch::jit::Graph& graph, const EmitOptions& options) : graph_(graph), options_(options) {}
+  Emitter(const torch::jit::Graph& graph, const EmitOptions& options, const std::vector<Alias>& aliases)
+      : graph_(graph), options_(options), aliases_(aliases) {}
 
   Emission run();
 
@@ -274,6 +275,7 @@ class Emitter {
 
   const torch::jit::Graph& graph_;
   const EmitOptions options_;
+  const std::vector<Alias> aliases_;  // asked for by the caller
   std::unordered_set<const Node*> live_;  // the nodes the graph's outputs depend on
   std::ostringstream body_;
   int next_ = 0;
@@ -1432,14 +1434,13 @@ Emission Emitter::run() {
   }
   if (!result.unsupported.empty()) return result;
 
-  std::ostringstream signature;
-  signature << "  func.func @main(";
+  std::vector<std::string> input_types(graph_.inputs().size());
   for (size_t i = 0; i < graph_.inputs().size(); ++i) {
     const Value* v = graph_.inputs()[i];
     Operand x = operand_of_input(v);
     x.ssa = "%a" + std::to_string(i);
     try {
-      signature << (i ? ", " : "") << x.ssa << ": " << mlir_type(x.dims, x.dtype);
+      input_types[i] = mlir_type(x.dims, x.dtype);
     } catch (const Unsupported& u) {
       record("graph input " + std::to_string(i) + " (" + u.what + ")");
     }
@@ -1486,8 +1487,39 @@ Emission Emitter::run() {
   }
   for (size_t k : updated_inputs_) outputs.push_back(materialized(values_.at(graph_.inputs()[k])));
   result.updated_inputs = updated_inputs_;
+  std::vector<std::string> output_types;
   std::ostringstream types;
-  for (size_t i = 0; i < outputs.size(); ++i) types << (i ? ", " : "") << mlir_type(outputs[i].dims, outputs[i].dtype);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    output_types.push_back(mlir_type(outputs[i].dims, outputs[i].dtype));
+    types << (i ? ", " : "") << output_types.back();
+  }
+  // The aliases asked for whose input and result have one type and whose input has one use,
+  // the first of each input and result kept. (An updated input is not aliased: its tensor keeps holding the data, so it
+  // could never be donated, and the plugin would copy it each run.)
+  std::vector<int64_t> alias_of(input_types.size(), -1);
+  std::vector<bool> result_taken(outputs.size(), false);
+  for (const Alias& a : aliases_) {
+    if (a.input >= input_types.size() || a.result >= outputs.size() || alias_of[a.input] >= 0 ||
+        result_taken[a.result] || input_types[a.input] != output_types[a.result])
+      continue;
+    // Only an input that one op reads: XLA then writes the result over it in place. One the
+    // graph reads elsewhere too (a weight, read by the forward and backward as well as by its
+    // update) makes XLA order those reads first or copy it; on the MNIST CNN aliasing the
+    // weights as well made the step 1.05x slower, the optimizer state alone 0.97x
+    // (bench/RESULTS.md, session 14).
+    if (graph_.inputs()[a.input]->uses().size() != 1) continue;
+    alias_of[a.input] = static_cast<int64_t>(a.result);
+    result_taken[a.result] = true;
+  }
+  std::ostringstream signature;
+  signature << "  func.func @main(";
+  for (size_t i = 0; i < input_types.size(); ++i) {
+    signature << (i ? ", " : "") << "%a" << i << ": " << input_types[i];
+    if (alias_of[i] >= 0) {
+      signature << " {tf.aliasing_output = " << alias_of[i] << " : i32}";
+      result.aliases.push_back({i, static_cast<size_t>(alias_of[i])});
+    }
+  }
   signature << ") -> (" << types.str() << ") {\n";
 
   std::ostringstream module;
@@ -1500,8 +1532,8 @@ Emission Emitter::run() {
 
 }  // namespace
 
-Emission emit_stablehlo(const torch::jit::Graph& graph, const EmitOptions& options) {
-  return Emitter(graph, options).run();
+Emission emit_stablehlo(const torch::jit::Graph& graph, const EmitOptions& options, const std::vector<Alias>& aliases) {
+  return Emitter(graph, options, aliases).run();
 }
 
 std::vector<size_t> inputs_updated_in_place(const torch::jit::Graph& graph) {

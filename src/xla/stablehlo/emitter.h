@@ -36,6 +36,14 @@ struct Graph;
 
 namespace fulgur::xla::stablehlo {
 
+// A graph input whose buffer one of @main's results may take over (the lazy core's
+// input/output aliases: a parameter the step updates, whose old value nothing reads after it).
+struct Alias {
+  size_t input;   // graph input
+  size_t result;  // index into @main's results: an output, or an updated input after them
+  bool operator==(const Alias& o) const { return input == o.input && result == o.result; }
+};
+
 struct Emission {
   // A module with one function @main whose parameters are the graph's inputs in order (an int
   // input is a tensor<i64>, a float one a tensor<f64>, a bool one a tensor<i1>) and whose
@@ -46,6 +54,11 @@ struct Emission {
   // the order of the extra results @main returns after the graph's outputs: result
   // graph.outputs().size() + j is the new value of graph input updated_inputs[j].
   std::vector<size_t> updated_inputs;
+  // The aliases @main declares (`tf.aliasing_output = result` on the input), in input order:
+  // those asked for whose input and result have the same type and whose input one op reads (an
+  // optimizer's state, not a weight the step also reads), the first for each input and each
+  // result. The runtime may then let the result take over the argument's buffer (donation).
+  std::vector<Alias> aliases;
   // What the emitter cannot lower, in graph order, each entry once: the kind of each live node
   // it does not know ("aten::convolution_backward"), or a known kind with the argument it does
   // not handle ("aten::div (rounding_mode 'floor')"). The caller falls back to another backend
@@ -63,7 +76,8 @@ struct EmitOptions {
 // REQUIRES: `graph` is typed as above. Throws std::invalid_argument naming the value for a
 // graph that is not (a live value without a concrete type, an output that is not a tensor or
 // number).
-Emission emit_stablehlo(const torch::jit::Graph& graph, const EmitOptions& options = {});
+Emission emit_stablehlo(const torch::jit::Graph& graph, const EmitOptions& options = {},
+                        const std::vector<Alias>& aliases = {});
 
 // The graph inputs that ops of `graph` update in place when the TorchScript interpreter runs it
 // (Emission::updated_inputs' rule, for a graph that runs there), ascending.
