@@ -355,6 +355,43 @@ TEST(PjrtProcessClient, FollowsTheEnvironment) {
   EXPECT_TRUE(torch::equal(pjrt::to_tensor(exe.execute({&a, &a})[0]), torch::tensor({2, 4, 6}, torch::kLong)));
 }
 
+// The pinned CPU plugin's client adds fulgur's XLA options to the user's XLA_FLAGS before XLA
+// reads them: the user's dump flags still work, and the dump shows reductions as XNNPACK
+// fusions. A flag the user names keeps the user's value. (Each CTest test is a process of its
+// own, so this client is the process's first and XLA reads XLA_FLAGS here.)
+TEST(PjrtXlaFlags, TheCpuPluginsClientAddsFulgursXlaOptionsToTheUsers) {
+  TempDir dump;
+  const std::string user = "--xla_dump_to=" + dump.path + " --xla_dump_hlo_as_text";
+  setenv("XLA_FLAGS", user.c_str(), 1);
+  const pjrt::Plugin& plugin = pjrt::Plugin::load(pjrt::PluginLocations::built_in().cpu_plugin);
+  pjrt::Client client(plugin, pjrt::ClientOptions{});
+  EXPECT_EQ(std::string(std::getenv("XLA_FLAGS")),
+            user + " --xla_cpu_experimental_xnn_fusion_type=LIBRARY_FUSION_TYPE_REDUCE");
+  const pjrt::Executable exe = client.compile(R"(
+func.func @main(%a: tensor<64x256xf32>) -> tensor<256xf32> {
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %0 = stablehlo.reduce(%a init: %z) applies stablehlo.add across dimensions = [0] : (tensor<64x256xf32>, tensor<f32>) -> tensor<256xf32>
+  return %0 : tensor<256xf32>
+}
+)");
+  const auto a = torch::randn({64, 256});
+  const pjrt::Buffer da = pjrt::to_device(client, a);
+  EXPECT_TRUE(torch::allclose(pjrt::to_tensor(exe.execute({&da})[0]), a.sum(0), 1e-5, 1e-5));
+  std::string optimized;
+  for (const auto& f : std::filesystem::directory_iterator(dump.path)) {
+    const std::string name = f.path().filename().string();
+    if (name.find("after_optimizations.txt") == std::string::npos) continue;
+    std::ifstream in(f.path());
+    optimized.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_FALSE(optimized.empty()) << "XLA wrote no dump: the user's XLA_FLAGS were lost";
+  EXPECT_NE(optimized.find("xnn"), std::string::npos) << optimized;
+
+  setenv("XLA_FLAGS", "--xla_cpu_experimental_xnn_fusion_type=LIBRARY_FUSION_TYPE_DOT", 1);
+  { pjrt::Client again(plugin, pjrt::ClientOptions{}); }
+  EXPECT_EQ(std::string(std::getenv("XLA_FLAGS")), "--xla_cpu_experimental_xnn_fusion_type=LIBRARY_FUSION_TYPE_DOT");
+}
+
 TEST(PjrtThreads, ClientSetsPjrtNprocFromTheThreadPolicyUnlessTheUserDid) {
   const pjrt::Plugin& plugin = pjrt::Plugin::load(pjrt::choose_plugin().path);
   unsetenv("PJRT_NPROC");

@@ -105,6 +105,8 @@ struct ClientOptions {
   // thread pools) is set to runtime::threads_per_worker(local_world_size), unless the
   // environment already has PJRT_NPROC.
   int64_t local_world_size = 1;
+  // (A client of the pinned CPU plugin also adds fulgur's XLA options to XLA_FLAGS, each unless
+  // XLA_FLAGS names it already: reductions as XNNPACK fusions.)
 };
 
 class Client {
