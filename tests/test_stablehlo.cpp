@@ -865,10 +865,17 @@ graph(%x : Tensor, %g : Tensor):
     check(text, {torch::where(torch::rand(c.x) < 0.7, -std::numeric_limits<float>::infinity(), torch::randn(c.x)),
                  torch::randn(c.y)},
           label + ", -inf");
+    // Zeros of either sign (-0.0 and 0.0 tie): the first.
+    check(text, {torch::where(torch::rand(c.x) < 0.5, -0.0f, 0.0f) * (torch::rand(c.x) < 0.8).to(torch::kFloat),
+                 torch::randn(c.y)},
+          label + ", signed zeros");
+    check(text, {torch::randint(3, c.x, torch::kDouble), torch::randn(c.y, torch::kDouble)}, label + ", float64 ties");
     const auto graph = parse(text);
     run_eager_and_type(*graph, {torch::randn(c.x), torch::randn(c.y)});
     const std::string module = emit_stablehlo(*graph).module;
     EXPECT_EQ(module.find("stablehlo.scatter") != std::string::npos, c.overlapping) << module;
+    // Float32 packs value and index into one int64 for one reduce_window of one result.
+    EXPECT_NE(module.find("\"stablehlo.shift_left\""), std::string::npos) << module;
   }
 }
 

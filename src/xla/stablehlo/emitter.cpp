@@ -1132,7 +1132,8 @@ Operand Emitter::plane_index(const Dims& dims) {
 
 // (self [N, C, H, W] or [C, H, W], kernel_size, stride, padding, dilation, ceil_mode) ->
 // (output, indices): each window's maximum and the flat index (h * W + w) of its first maximum,
-// as libtorch's CPU kernel: a variadic reduce_window over the values and their indices. A tie
+// as libtorch's CPU kernel. Float32: a reduce_window over value and index packed into an int64
+// (below). Other types: a variadic reduce_window over the values and their indices. A tie
 // goes to the smaller index, which is the first in the window; the initial index is the largest
 // int64, so a window of -inf alone names its first element, as libtorch does. NaN is not handled
 // as libtorch does (there a NaN always wins). (A variadic reduce over the window dims of a
@@ -1177,6 +1178,39 @@ void Emitter::max_pool2d_with_indices(const Node* n) {
       "\n      " + ri + " = \"stablehlo.select\"(" + pick + ", " + ai + ", " + bi + ") : (tensor<i1>, " + l + ", " + l +
       ") -> " + l + "\n      \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + v + ", " + l + ") -> ()\n    }";
   const Dims dims = out_dims(n, 0);
+  if (t == c10::kFloat) {
+    // Each value and its plane index packed into one int64 whose order is the window's choice:
+    // the float's bits made an order-preserving int32 (negative values' low 31 bits flipped) in
+    // the high half, 0xFFFFFFFF - index in the low half, so that a tie goes to the smaller index.
+    // One reduce_window (max) of one result picks both; XLA:CPU splits it over its threads,
+    // where the variadic one below runs on one (a tuple-shaped op gets no partitions): the MNIST
+    // CNN's step 0.90x (bench/RESULTS.md, session 14). A NaN with the sign bit clear wins, as
+    // in libtorch, the first of several; one with it set loses.
+    const Operand zero = splat(0, x.dims, t);
+    const Operand canon = select(compare("EQ", x, zero, t), zero, x);  // -0.0 ties +0.0, as in libtorch
+    const Operand bits = as(op("stablehlo.bitcast_convert", {canon}, x.dims, c10::kInt), c10::kLong);
+    const Operand neg = compare("LT", bits, splat(0, x.dims, c10::kLong), c10::kLong);
+    const Operand key = select(neg, binary("stablehlo.xor", bits, splat(0x7FFFFFFF, x.dims, c10::kLong), c10::kLong), bits);
+    const Operand low = binary("stablehlo.subtract", splat(int64_t{0xFFFFFFFF}, x.dims, c10::kLong), plane_index(x.dims), c10::kLong);
+    const Operand packed = binary("stablehlo.add",
+                                  binary("stablehlo.shift_left", key, splat(32, x.dims, c10::kLong), c10::kLong), low,
+                                  c10::kLong);
+    const Operand best = op("stablehlo.reduce_window", {packed, splat(std::numeric_limits<int64_t>::min(), {}, c10::kLong)},
+                            dims, c10::kLong,
+                            "padding = " + pad + ", window_dimensions = " + i64_array(window) +
+                                ", window_strides = " + i64_array(strides),
+                            combiner("stablehlo.maximum", c10::kLong));
+    const Operand hi = binary("stablehlo.shift_right_arithmetic", best, splat(32, dims, c10::kLong), c10::kLong);
+    const Operand hneg = compare("LT", hi, splat(0, dims, c10::kLong), c10::kLong);
+    const Operand vbits = select(hneg, binary("stablehlo.xor", hi, splat(0x7FFFFFFF, dims, c10::kLong), c10::kLong), hi);
+    const Operand value = op("stablehlo.bitcast_convert", {as(vbits, c10::kInt)}, dims, t);
+    const Operand index = binary("stablehlo.subtract", splat(int64_t{0xFFFFFFFF}, dims, c10::kLong),
+                                 binary("stablehlo.and", best, splat(int64_t{0xFFFFFFFF}, dims, c10::kLong), c10::kLong),
+                                 c10::kLong);
+    set(n, 0, value);
+    set(n, 1, index);
+    return;
+  }
   const std::vector<Operand> outs =
       op_n("stablehlo.reduce_window",
            {x, plane_index(x.dims), splat(-std::numeric_limits<double>::infinity(), {}, t),
