@@ -411,8 +411,9 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
     // An aliased argument is donated when nothing but this execution holds it: the lazy core's
     // parameter list holds the device data object and that object alone holds the buffer. A
     // tensor whose value it still is, a pending graph's node or data sharing the buffer (Assign)
-    // would each hold one more, and then the plugin copies the argument instead. The data lose
-    // their buffer: the lazy core reads them no more, and a stray read is an error, not garbage.
+    // would each hold one more, and then the plugin copies the argument instead. After the
+    // execution the donors lose their buffers: the lazy core reads them no more, and a stray read
+    // is an error, not garbage. (A failed execution leaves them as they are.)
     std::vector<std::shared_ptr<const pjrt::Buffer>> donated;
     std::vector<PjrtData*> donors;
     int64_t donated_bytes = 0;
@@ -424,16 +425,8 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
       donors.push_back(p);
       donated_bytes += static_cast<int64_t>(p->shape().numel() * c10::elementSize(p->shape().scalar_type()));
     }
+    std::vector<pjrt::Buffer> outs = pc->executable->execute(args, std::move(donated));
     for (PjrtData* p : donors) p->set_buffer(nullptr);
-    const std::vector<std::shared_ptr<const pjrt::Buffer>> given = donated;
-    std::vector<pjrt::Buffer> outs;
-    try {
-      outs = pc->executable->execute(args, std::move(donated));
-    } catch (...) {
-      for (size_t i = 0; i < donors.size(); ++i)  // what a failed execution did not take keeps its value
-        if (!given[i]->is_deleted()) donors[i]->set_buffer(given[i]);
-      throw;
-    }
     const size_t n = pc->output_shapes.size();
     if (outs.size() != n + pc->updated_inputs.size())
       throw std::logic_error("xla (pjrt): an executable gave " + std::to_string(outs.size()) + " results for " +

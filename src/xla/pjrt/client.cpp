@@ -223,11 +223,10 @@ struct Executable::Donated {
       pending.pop_front();
     }
   }
-  ~Donated() { reap(true); }
 };
 
 Executable::Executable(const Plugin& plugin, PJRT_Device* device, PJRT_LoadedExecutable* executable)
-    : plugin_(&plugin), device_(device), executable_(executable), donated_(std::make_shared<Donated>()) {
+    : plugin_(&plugin), device_(device), executable_(executable), donated_(std::make_unique<Donated>()) {
   PJRT_LoadedExecutable_GetExecutable_Args g{};
   g.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
   g.loaded_executable = executable_;

@@ -94,7 +94,7 @@ class Executable {
   PJRT_Device* device_;
   PJRT_LoadedExecutable* executable_;
   size_t num_outputs_ = 0;
-  std::shared_ptr<Donated> donated_;
+  std::unique_ptr<Donated> donated_;  // reaped, waiting, before the executable is destroyed
 };
 
 struct ClientOptions {

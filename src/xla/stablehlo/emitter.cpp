@@ -1136,7 +1136,7 @@ Operand Emitter::plane_index(const Dims& dims) {
 // (below). Other types: a variadic reduce_window over the values and their indices. A tie
 // goes to the smaller index, which is the first in the window; the initial index is the largest
 // int64, so a window of -inf alone names its first element, as libtorch does. NaN is not handled
-// as libtorch does (there a NaN always wins). (A variadic reduce over the window dims of a
+// as libtorch does (there a NaN always wins; see the float32 path). (A variadic reduce over the window dims of a
 // tiled plane was tried for 2x2 pools: XLA:CPU runs a reduce fusion on one thread, 1.03x
 // slower on the CNN step.)
 void Emitter::max_pool2d_with_indices(const Node* n) {
@@ -1160,6 +1160,37 @@ void Emitter::max_pool2d_with_indices(const Node* n) {
     pad += (i ? ", [" : "[") + std::to_string(p) + ", " + std::to_string(p) + "]";
   }
   pad += "]> : tensor<" + std::to_string(rank) + "x2xi64>";
+  const Dims dims = out_dims(n, 0);
+  const std::string window_attrs =
+      "padding = " + pad + ", window_dimensions = " + i64_array(window) + ", window_strides = " + i64_array(strides);
+  if (t == c10::kFloat) {
+    // Each value and its plane index packed into one int64 whose order is the window's choice:
+    // the float's bits made an order-preserving int32 (negative values' low 31 bits flipped) in
+    // the high half, 0xFFFFFFFF - index in the low half, so that a tie goes to the smaller index.
+    // One reduce_window (max) of one result picks both; XLA:CPU splits it over its threads,
+    // where the variadic one below runs on one (a tuple-shaped op gets no partitions): the MNIST
+    // CNN's step 0.86x (bench/RESULTS.md, session 14). A NaN with the sign bit clear wins, as
+    // in libtorch, the first of several; one with it set loses.
+    const int64_t low_bits = 0xFFFFFFFF;
+    // The order-preserving map of int32 float bits (held in int64), its own inverse.
+    auto flip_negative = [&](const Operand& bits) {
+      return select(compare("LT", bits, number(0), c10::kLong), binary("stablehlo.xor", bits, number(0x7FFFFFFF), c10::kLong),
+                    bits);
+    };
+    const Operand zero = splat(0, x.dims, t);
+    const Operand canon = select(compare("EQ", x, zero, t), zero, x);  // -0.0 ties +0.0, as in libtorch
+    const Operand key = flip_negative(as(op("stablehlo.bitcast_convert", {canon}, x.dims, c10::kInt), c10::kLong));
+    const Operand packed =
+        add(binary("stablehlo.shift_left", key, number(32), c10::kLong),
+            binary("stablehlo.subtract", number(low_bits), plane_index(x.dims), c10::kLong));
+    const Operand best = op("stablehlo.reduce_window", {packed, splat(std::numeric_limits<int64_t>::min(), {}, c10::kLong)},
+                            dims, c10::kLong, window_attrs, combiner("stablehlo.maximum", c10::kLong));
+    const Operand value_bits = flip_negative(binary("stablehlo.shift_right_arithmetic", best, number(32), c10::kLong));
+    set(n, 0, op("stablehlo.bitcast_convert", {as(value_bits, c10::kInt)}, dims, t));
+    set(n, 1, binary("stablehlo.subtract", number(low_bits), binary("stablehlo.and", best, number(low_bits), c10::kLong),
+                     c10::kLong));
+    return;
+  }
   const std::string v = mlir_type({}, t), l = mlir_type({}, c10::kLong);
   const std::string a = fresh(), ai = fresh(), b = fresh(), bi = fresh(), gt = fresh(), eq = fresh(), lt = fresh(),
                     tie = fresh(), pick = fresh(), rv = fresh(), ri = fresh();
@@ -1177,47 +1208,11 @@ void Emitter::max_pool2d_with_indices(const Node* n) {
       " = \"stablehlo.select\"(" + pick + ", " + a + ", " + b + ") : (tensor<i1>, " + v + ", " + v + ") -> " + v +
       "\n      " + ri + " = \"stablehlo.select\"(" + pick + ", " + ai + ", " + bi + ") : (tensor<i1>, " + l + ", " + l +
       ") -> " + l + "\n      \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + v + ", " + l + ") -> ()\n    }";
-  const Dims dims = out_dims(n, 0);
-  if (t == c10::kFloat) {
-    // Each value and its plane index packed into one int64 whose order is the window's choice:
-    // the float's bits made an order-preserving int32 (negative values' low 31 bits flipped) in
-    // the high half, 0xFFFFFFFF - index in the low half, so that a tie goes to the smaller index.
-    // One reduce_window (max) of one result picks both; XLA:CPU splits it over its threads,
-    // where the variadic one below runs on one (a tuple-shaped op gets no partitions): the MNIST
-    // CNN's step 0.90x (bench/RESULTS.md, session 14). A NaN with the sign bit clear wins, as
-    // in libtorch, the first of several; one with it set loses.
-    const Operand zero = splat(0, x.dims, t);
-    const Operand canon = select(compare("EQ", x, zero, t), zero, x);  // -0.0 ties +0.0, as in libtorch
-    const Operand bits = as(op("stablehlo.bitcast_convert", {canon}, x.dims, c10::kInt), c10::kLong);
-    const Operand neg = compare("LT", bits, splat(0, x.dims, c10::kLong), c10::kLong);
-    const Operand key = select(neg, binary("stablehlo.xor", bits, splat(0x7FFFFFFF, x.dims, c10::kLong), c10::kLong), bits);
-    const Operand low = binary("stablehlo.subtract", splat(int64_t{0xFFFFFFFF}, x.dims, c10::kLong), plane_index(x.dims), c10::kLong);
-    const Operand packed = binary("stablehlo.add",
-                                  binary("stablehlo.shift_left", key, splat(32, x.dims, c10::kLong), c10::kLong), low,
-                                  c10::kLong);
-    const Operand best = op("stablehlo.reduce_window", {packed, splat(std::numeric_limits<int64_t>::min(), {}, c10::kLong)},
-                            dims, c10::kLong,
-                            "padding = " + pad + ", window_dimensions = " + i64_array(window) +
-                                ", window_strides = " + i64_array(strides),
-                            combiner("stablehlo.maximum", c10::kLong));
-    const Operand hi = binary("stablehlo.shift_right_arithmetic", best, splat(32, dims, c10::kLong), c10::kLong);
-    const Operand hneg = compare("LT", hi, splat(0, dims, c10::kLong), c10::kLong);
-    const Operand vbits = select(hneg, binary("stablehlo.xor", hi, splat(0x7FFFFFFF, dims, c10::kLong), c10::kLong), hi);
-    const Operand value = op("stablehlo.bitcast_convert", {as(vbits, c10::kInt)}, dims, t);
-    const Operand index = binary("stablehlo.subtract", splat(int64_t{0xFFFFFFFF}, dims, c10::kLong),
-                                 binary("stablehlo.and", best, splat(int64_t{0xFFFFFFFF}, dims, c10::kLong), c10::kLong),
-                                 c10::kLong);
-    set(n, 0, value);
-    set(n, 1, index);
-    return;
-  }
   const std::vector<Operand> outs =
       op_n("stablehlo.reduce_window",
            {x, plane_index(x.dims), splat(-std::numeric_limits<double>::infinity(), {}, t),
             splat(std::numeric_limits<int64_t>::max(), {}, c10::kLong)},
-           {{dims, t}, {dims, c10::kLong}},
-           "padding = " + pad + ", window_dimensions = " + i64_array(window) + ", window_strides = " + i64_array(strides),
-           region);
+           {{dims, t}, {dims, c10::kLong}}, window_attrs, region);
   set(n, 0, outs[0]);
   set(n, 1, outs[1]);
 }
