@@ -870,12 +870,92 @@ graph(%x : Tensor, %g : Tensor):
                  torch::randn(c.y)},
           label + ", signed zeros");
     check(text, {torch::randint(3, c.x, torch::kDouble), torch::randn(c.y, torch::kDouble)}, label + ", float64 ties");
+    // NaNs of either sign, often several in a window: a NaN wins, of several the last.
+    for (auto dtype : {torch::kFloat, torch::kDouble}) {
+      const auto nan = torch::full(c.x, std::numeric_limits<double>::quiet_NaN(), dtype);
+      const auto x = torch::where(torch::rand(c.x) < 0.3, torch::where(torch::rand(c.x) < 0.5, nan, -nan),
+                                  torch::randn(c.x, dtype));
+      check(text, {x, torch::randn(c.y, dtype)}, label + ", NaN " + c10::toString(dtype));
+    }
     const auto graph = parse(text);
     run_eager_and_type(*graph, {torch::randn(c.x), torch::randn(c.y)});
     const std::string module = emit_stablehlo(*graph).module;
     EXPECT_EQ(module.find("stablehlo.scatter") != std::string::npos, c.overlapping) << module;
     // Float32 packs value and index into one int64 for one reduce_window of one result.
     EXPECT_NE(module.find("\"stablehlo.shift_left\""), std::string::npos) << module;
+  }
+}
+
+// A ReLU (or any threshold) before a max pool: threshold_backward(max_pool_backward(g, x), x, t).
+// For pools whose windows do not overlap the emitter thresholds g against the pooled maxima
+// before the pool's backward, at the pool's output size; the results must be libtorch's exactly,
+// ties, zeros of both signs, NaN and values at the threshold included.
+TEST(StableHlo, AThresholdBeforeATiledMaxPoolIsAppliedAtThePoolsSize) {
+  const std::string ir = R"IR(
+graph(%x : Tensor, %g : Tensor, %t : float):
+  %kernel : int[] = prim::Constant[value=[KERNEL]]()
+  %stride : int[] = prim::Constant[value=[STRIDE]]()
+  %padding : int[] = prim::Constant[value=[PADDING]]()
+  %dilation : int[] = prim::Constant[value=[1, 1]]()
+  %false : bool = prim::Constant[value=0]()
+  %r : Tensor = aten::relu(%x)
+  %y : Tensor, %i : Tensor = aten::max_pool2d_with_indices(%r, %kernel, %stride, %padding, %dilation, %false)
+  %gy : Tensor = aten::max_pool2d_with_indices_backward(%g, %r, %kernel, %stride, %padding, %dilation, %false, %i)
+  %gr : Tensor = aten::threshold_backward(%gy, %r, %t)
+  %gx : Tensor = aten::threshold_backward(%gr, %x, %t)
+  return (%y, %gr, %gx)
+)IR";
+  struct Case {
+    std::vector<int64_t> x;
+    std::string kernel, stride, padding;
+    std::vector<int64_t> y;
+    bool tiled;  // windows that do not overlap
+  };
+  torch::manual_seed(17);
+  for (const Case& c : {Case{{4, 16, 28, 28}, "2, 2", "", "0, 0", {4, 16, 14, 14}, true},
+                        Case{{2, 3, 7, 9}, "2, 3", "2, 3", "1, 1", {2, 3, 4, 3}, true},
+                        Case{{3, 8, 7}, "3, 3", "3, 3", "0, 0", {3, 2, 2}, true},
+                        Case{{2, 3, 7, 9}, "3, 2", "2, 2", "1, 1", {2, 3, 4, 5}, false}}) {
+    std::string text = ir;
+    for (const auto& [key, value] : {std::pair<std::string, std::string>{"KERNEL", c.kernel}, {"STRIDE", c.stride},
+                                     {"PADDING", c.padding}})
+      text = std::regex_replace(text, std::regex(key), value);
+    const std::string label = "input " + c10::str(c.x) + " kernel " + c.kernel + " stride " + c.stride + " padding " +
+                              c.padding;
+    const Tolerance exact{0, 0};
+    for (double t : {0.0, 0.5, -1.0}) {
+      const std::string at = label + ", threshold " + std::to_string(t);
+      check(text, {torch::randn(c.x), torch::randn(c.y), t}, at, exact);
+      // Ties, and values equal to the threshold.
+      check(text, {torch::randint(-2, 3, c.x).to(torch::kFloat) * 0.5, torch::randn(c.y), t}, at + ", ties", exact);
+      check(text, {torch::where(torch::rand(c.x) < 0.5, -0.0f, 0.0f), torch::randn(c.y), t}, at + ", signed zeros",
+            exact);
+      check(text,
+            {torch::where(torch::rand(c.x) < 0.1, std::numeric_limits<float>::quiet_NaN(), torch::randn(c.x)),
+             torch::randn(c.y), t},
+            at + ", NaN", exact);
+      check(text, {torch::randint(-2, 3, c.x, torch::kDouble), torch::randn(c.y, torch::kDouble), t},
+            at + ", float64 ties", exact);
+    }
+    const auto graph = parse(text);
+    run_eager_and_type(*graph, {torch::randn(c.x), torch::randn(c.y), 0.0});
+    const std::string module = emit_stablehlo(*graph).module;
+    // The threshold on the ReLU's output compares at the pool's size when the windows do not
+    // overlap, at the input's otherwise; the one on %x (no pool between) at the input's always.
+    auto compares_at = [&](const std::vector<int64_t>& dims) {
+      std::string type = "tensor<";
+      for (int64_t d : dims) type += std::to_string(d) + "x";
+      type += "i1>";
+      size_t count = 0;
+      for (size_t at = module.find("comparison_direction LE"); at != std::string::npos;
+           at = module.find("comparison_direction LE", at + 1)) {
+        const size_t end = module.find('\n', at);
+        if (module.substr(at, end - at).find("-> " + type) != std::string::npos) ++count;
+      }
+      return count;
+    };
+    EXPECT_EQ(compares_at(c.y), c.tiled ? 1u : 0u) << module;
+    EXPECT_EQ(compares_at(c.x), c.tiled ? 1u : 2u) << module;
   }
 }
 

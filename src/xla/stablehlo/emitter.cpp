@@ -220,6 +220,16 @@ class Emitter {
   void convolution_backward(const Node* n);
   void max_pool2d_with_indices(const Node* n);
   void max_pool2d_with_indices_backward(const Node* n);
+  // A max pool's backward whose windows do not overlap (stride = kernel, no dilation): `grad` (at
+  // the pool's output size) upsampled to each window's maximum, zero elsewhere; nullopt for other
+  // pools. `n` is the aten::max_pool2d_with_indices_backward node.
+  std::optional<Operand> tiled_pool_backward(const Node* n, const Operand& grad);
+  // Whether the windows of the aten::max_pool2d_with_indices_backward node `n` do not overlap.
+  static bool windows_tile(const Node* n);
+  // threshold_backward(max_pool2d_with_indices_backward(g, x, ..., indices), x, threshold) of a
+  // tiled pool, with `indices` the pool of x's: the threshold applied to g against the pooled
+  // maxima, then the pool's backward; nullopt when `n` is not that. See its definition.
+  std::optional<Operand> threshold_before_pool_backward(const Node* n);
   // Each element's flat index h * W + w in its plane (the last two dims of `dims`), as a pool's
   // indices count.
   Operand plane_index(const Dims& dims);
@@ -1169,42 +1179,55 @@ void Emitter::max_pool2d_with_indices(const Node* n) {
     // the high half, 0xFFFFFFFF - index in the low half, so that a tie goes to the smaller index.
     // One reduce_window (max) of one result picks both; XLA:CPU splits it over its threads,
     // where the variadic one below runs on one (a tuple-shaped op gets no partitions): the MNIST
-    // CNN's step 0.86x (bench/RESULTS.md, session 14). A NaN with the sign bit clear wins, as
-    // in libtorch, the first of several; one with it set loses.
-    const int64_t low_bits = 0xFFFFFFFF;
+    // CNN's step 0.86x (bench/RESULTS.md, session 14). libtorch takes a NaN over any number and
+    // the last of several NaNs (`val > max || isnan(val)`): every NaN becomes one positive NaN,
+    // above +inf, and carries its index itself in the low half, so that the larger one wins.
+    const int64_t low_bits = 0xFFFFFFFF, nan_bits = 0x7FC00000;
     // The order-preserving map of int32 float bits (held in int64), its own inverse.
     auto flip_negative = [&](const Operand& bits) {
       return select(compare("LT", bits, number(0), c10::kLong), binary("stablehlo.xor", bits, number(0x7FFFFFFF), c10::kLong),
                     bits);
     };
     const Operand zero = splat(0, x.dims, t);
-    const Operand canon = select(compare("EQ", x, zero, t), zero, x);  // -0.0 ties +0.0, as in libtorch
-    const Operand key = flip_negative(as(op("stablehlo.bitcast_convert", {canon}, x.dims, c10::kInt), c10::kLong));
-    const Operand packed =
-        add(binary("stablehlo.shift_left", key, number(32), c10::kLong),
-            binary("stablehlo.subtract", number(low_bits), plane_index(x.dims), c10::kLong));
+    const Operand is_nan = compare("NE", x, x, t);
+    const Operand bits = op("stablehlo.bitcast_convert", {select(compare("EQ", x, zero, t), zero, x)}, x.dims,
+                            c10::kInt);  // -0.0 ties +0.0, as in libtorch
+    const Operand key = select(is_nan, splat(nan_bits, x.dims, c10::kLong), flip_negative(as(bits, c10::kLong)));
+    const Operand index = plane_index(x.dims);
+    const Operand packed = add(binary("stablehlo.shift_left", key, number(32), c10::kLong),
+                               select(is_nan, index, binary("stablehlo.subtract", number(low_bits), index, c10::kLong)));
     const Operand best = op("stablehlo.reduce_window", {packed, splat(std::numeric_limits<int64_t>::min(), {}, c10::kLong)},
                             dims, c10::kLong, window_attrs, combiner("stablehlo.maximum", c10::kLong));
-    const Operand value_bits = flip_negative(binary("stablehlo.shift_right_arithmetic", best, number(32), c10::kLong));
-    set(n, 0, op("stablehlo.bitcast_convert", {as(value_bits, c10::kInt)}, dims, t));
-    set(n, 1, binary("stablehlo.subtract", number(low_bits), binary("stablehlo.and", best, number(low_bits), c10::kLong),
-                     c10::kLong));
+    const Operand best_key = binary("stablehlo.shift_right_arithmetic", best, number(32), c10::kLong);
+    const Operand low = binary("stablehlo.and", best, number(low_bits), c10::kLong);
+    set(n, 0, op("stablehlo.bitcast_convert", {as(flip_negative(best_key), c10::kInt)}, dims, t));
+    set(n, 1, select(compare("EQ", best_key, number(nan_bits), c10::kLong), low,
+                     binary("stablehlo.subtract", number(low_bits), low, c10::kLong)));
     return;
   }
+  // (a, ai) or (b, bi): a NaN over a number, of two NaNs the larger index (libtorch's last), of
+  // two numbers the larger, of equal ones the smaller index.
   const std::string v = mlir_type({}, t), l = mlir_type({}, c10::kLong);
   const std::string a = fresh(), ai = fresh(), b = fresh(), bi = fresh(), gt = fresh(), eq = fresh(), lt = fresh(),
-                    tie = fresh(), pick = fresh(), rv = fresh(), ri = fresh();
+                    later = fresh(), a_nan = fresh(), b_nan = fresh(), b_num = fresh(), tie = fresh(), larger = fresh(),
+                    by_value = fresh(), nan_wins = fresh(), nan_pick = fresh(), pick = fresh(), rv = fresh(), ri = fresh();
   auto cmp = [&](const std::string& r, const std::string& x0, const std::string& x1, const std::string& ty,
                  const char* dir) {
     return "      " + r + " = \"stablehlo.compare\"(" + x0 + ", " + x1 +
            ") {comparison_direction = #stablehlo<comparison_direction " + dir + ">} : (" + ty + ", " + ty +
            ") -> tensor<i1>\n";
   };
+  auto logic = [&](const std::string& r, const char* what, const std::string& x0, const std::string& x1) {
+    return "      " + r + " = \"stablehlo." + what + "\"(" + x0 + ", " + x1 +
+           ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n";
+  };
   const std::string region =
       "{\n    ^bb0(" + a + ": " + v + ", " + ai + ": " + l + ", " + b + ": " + v + ", " + bi + ": " + l + "):\n" +
-      cmp(gt, a, b, v, "GT") + cmp(eq, a, b, v, "EQ") + cmp(lt, ai, bi, l, "LT") + "      " + tie +
-      " = \"stablehlo.and\"(" + eq + ", " + lt + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n      " + pick +
-      " = \"stablehlo.or\"(" + gt + ", " + tie + ") : (tensor<i1>, tensor<i1>) -> tensor<i1>\n      " + rv +
+      cmp(gt, a, b, v, "GT") + cmp(eq, a, b, v, "EQ") + cmp(lt, ai, bi, l, "LT") + cmp(later, ai, bi, l, "GT") +
+      cmp(a_nan, a, a, v, "NE") + cmp(b_nan, b, b, v, "NE") + "      " + b_num + " = \"stablehlo.not\"(" + b_nan +
+      ") : (tensor<i1>) -> tensor<i1>\n" + logic(tie, "and", eq, lt) + logic(larger, "or", gt, tie) +
+      logic(by_value, "and", b_num, larger) + logic(nan_wins, "or", b_num, later) +
+      logic(nan_pick, "and", a_nan, nan_wins) + logic(pick, "or", nan_pick, by_value) + "      " + rv +
       " = \"stablehlo.select\"(" + pick + ", " + a + ", " + b + ") : (tensor<i1>, " + v + ", " + v + ") -> " + v +
       "\n      " + ri + " = \"stablehlo.select\"(" + pick + ", " + ai + ", " + bi + ") : (tensor<i1>, " + l + ", " + l +
       ") -> " + l + "\n      \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + v + ", " + l + ") -> ()\n    }";
@@ -1224,41 +1247,54 @@ void Emitter::max_pool2d_with_indices(const Node* n) {
 // it and 0 elsewhere: an elementwise select over grad_output and indices upsampled to the
 // input's shape, which XLA fuses with what follows. Otherwise a scatter-add over the flattened
 // input (XLA:CPU runs a scatter as one sequential loop: 10x eager on the CNN's pools).
-void Emitter::max_pool2d_with_indices_backward(const Node* n) {
-  const c10::ScalarType t = out_dtype(n);
+bool Emitter::windows_tile(const Node* n) {
+  const Dims kernel = spatial_arg(n, 2, "kernel_size", 2, {});
+  return spatial_arg(n, 3, "stride", 2, kernel) == kernel && spatial_arg(n, 5, "dilation", 2, {1}) == Dims{1, 1};
+}
+
+std::optional<Operand> Emitter::tiled_pool_backward(const Node* n, const Operand& grad) {
   const Dims dims = out_dims(n);
-  const Operand grad = as(in(n, 0), t);
-  const Operand indices = as(in(n, 7), c10::kLong);
   const size_t rank = dims.size();
   if (rank != 3 && rank != 4) throw Unsupported{"input of " + std::to_string(rank) + " dimensions"};
+  if (!windows_tile(n)) return std::nullopt;
   const Dims kernel = spatial_arg(n, 2, "kernel_size", 2, {});
-  const Dims stride = spatial_arg(n, 3, "stride", 2, kernel), padding = spatial_arg(n, 4, "padding", 2, {0}),
-             dilation = spatial_arg(n, 5, "dilation", 2, {1});
-  if (stride == kernel && dilation == Dims{1, 1}) {
-    const size_t lead = rank - 2;
-    Dims big(grad.dims.begin(), grad.dims.begin() + lead), map, joined(big), low(rank, 0), high(rank, 0);
-    for (size_t i = 0; i < lead; ++i) map.push_back(static_cast<int64_t>(i));
-    for (size_t i = 0; i < 2; ++i) {
-      map.push_back(static_cast<int64_t>(big.size()));
-      big.push_back(grad.dims[lead + i]);
-      big.push_back(kernel[i]);
-      joined.push_back(grad.dims[lead + i] * kernel[i]);
-      // The windows start at -padding: the upsampled plane, moved into the input's coordinates.
-      low[lead + i] = -padding[i];
-      high[lead + i] = dims[lead + i] + padding[i] - joined.back();
-    }
-    auto upsampled = [&](const Operand& v, const c10::Scalar& fill) {
-      const Operand b = op("stablehlo.broadcast_in_dim", {v}, big, v.dtype, "broadcast_dimensions = " + i64_array(map));
-      const Operand r = reshape(b, joined);
-      if (r.dims == dims) return r;
-      return op("stablehlo.pad", {r, splat(fill, {}, v.dtype)}, dims, v.dtype,
-                "edge_padding_high = " + i64_array(high) + ", edge_padding_low = " + i64_array(low) +
-                    ", interior_padding = " + i64_array(Dims(rank, 0)));
-    };
-    set(n, 0, select(compare("EQ", upsampled(indices, -1), plane_index(dims), c10::kLong), upsampled(grad, 0),
-                     splat(0, {}, t)));
+  const Dims padding = spatial_arg(n, 4, "padding", 2, {0});
+  const Operand indices = as(in(n, 7), c10::kLong);
+  const size_t lead = rank - 2;
+  Dims big(grad.dims.begin(), grad.dims.begin() + lead), map, joined(big), low(rank, 0), high(rank, 0);
+  for (size_t i = 0; i < lead; ++i) map.push_back(static_cast<int64_t>(i));
+  for (size_t i = 0; i < 2; ++i) {
+    map.push_back(static_cast<int64_t>(big.size()));
+    big.push_back(grad.dims[lead + i]);
+    big.push_back(kernel[i]);
+    joined.push_back(grad.dims[lead + i] * kernel[i]);
+    // The windows start at -padding: the upsampled plane, moved into the input's coordinates.
+    low[lead + i] = -padding[i];
+    high[lead + i] = dims[lead + i] + padding[i] - joined.back();
+  }
+  auto upsampled = [&](const Operand& v, const c10::Scalar& fill) {
+    const Operand b = op("stablehlo.broadcast_in_dim", {v}, big, v.dtype, "broadcast_dimensions = " + i64_array(map));
+    const Operand r = reshape(b, joined);
+    if (r.dims == dims) return r;
+    return op("stablehlo.pad", {r, splat(fill, {}, v.dtype)}, dims, v.dtype,
+              "edge_padding_high = " + i64_array(high) + ", edge_padding_low = " + i64_array(low) +
+                  ", interior_padding = " + i64_array(Dims(rank, 0)));
+  };
+  return select(compare("EQ", upsampled(indices, -1), plane_index(dims), c10::kLong), upsampled(grad, 0),
+                splat(0, {}, grad.dtype));
+}
+
+void Emitter::max_pool2d_with_indices_backward(const Node* n) {
+  const c10::ScalarType t = out_dtype(n);
+  const Operand grad = as(in(n, 0), t);
+  if (std::optional<Operand> tiled = tiled_pool_backward(n, grad)) {
+    set(n, 0, std::move(*tiled));
     return;
   }
+  const Dims dims = out_dims(n);
+  const size_t rank = dims.size();
+  const Dims padding = spatial_arg(n, 4, "padding", 2, {0});
+  const Operand indices = as(in(n, 7), c10::kLong);
   const int64_t plane = dims[rank - 1] * dims[rank - 2];
   int64_t total = 1, k = 1;
   for (int64_t d : dims) total *= d;
@@ -1278,6 +1314,33 @@ void Emitter::max_pool2d_with_indices_backward(const Node* n) {
   const Operand flat = op("stablehlo.scatter", {splat(0, {total}, t), where, reshape(grad, {k})}, {total}, t, numbers,
                           combiner("stablehlo.add", t));
   set(n, 0, reshape(flat, dims));
+}
+
+// A ReLU before a max pool (the MNIST CNN's conv -> relu -> pool) has the backward
+// threshold_backward(max_pool2d_with_indices_backward(g, x, ...), x, threshold): the pool's
+// backward puts each g at its window's maximum, then the threshold zeroes the elements of x at or
+// below it. When the windows do not overlap each element of x gets at most one g, from the window
+// whose maximum it is, and there x equals that window's pooled value (the pool's output 0). So the
+// threshold can be applied to g against the pooled values first, at a quarter of the size, and
+// the result is the same element for element. What it saves: the unfused form reads x again, and
+// XLA recomputes x there (for the CNN's conv1, written as a sum of 25 shifted windows, once more
+// per step; bench/RESULTS.md, session 15).
+std::optional<Operand> Emitter::threshold_before_pool_backward(const Node* n) {
+  static const c10::Symbol kPool = c10::Symbol::fromQualString("aten::max_pool2d_with_indices");
+  static const c10::Symbol kPoolBackward = c10::Symbol::fromQualString("aten::max_pool2d_with_indices_backward");
+  const Node* backward = n->input(0)->node();
+  if (backward->kind() != kPoolBackward || backward->input(1) != n->input(1) || !windows_tile(backward))
+    return std::nullopt;
+  const Value* indices = backward->input(7);
+  const Node* pool = indices->node();
+  if (pool->kind() != kPool || pool->outputs().size() != 2 || pool->output(1) != indices || pool->input(0) != n->input(1))
+    return std::nullopt;
+  const auto pooled = values_.find(pool->output(0));
+  if (pooled == values_.end()) return std::nullopt;
+  const c10::ScalarType t = out_dtype(n);
+  const Operand below = compare("LE", pooled->second, in(n, 2), pooled->second.dtype);
+  const Operand g = select(below, splat(0, {}, t), as(in(backward, 0), t));
+  return tiled_pool_backward(backward, g);
 }
 
 std::pair<Operand, Operand> Emitter::nll_mask_and_weights(const Node* n, const Operand& self2d,
@@ -1410,6 +1473,10 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
       {"aten::threshold_backward",
        [](Emitter& e, const Node* n) {
          // self <= threshold ? 0 : grad
+         if (std::optional<Operand> r = e.threshold_before_pool_backward(n)) {
+           e.set(n, 0, std::move(*r));
+           return;
+         }
          const c10::ScalarType t = out_dtype(n);
          const Operand& self = e.in(n, 1);
          const Operand below = e.compare("LE", self, e.in(n, 2), self.dtype);
