@@ -11,8 +11,8 @@ repetitions. Reported per model: the median step time of each side, the pjrt/eag
 ratios paired within a repetition (median, then each), compile time per graph (pjrt: emission +
 PJRT compile per XLA graph; ts: wall time of the step marks that compiled, execution included,
 per graph), graphs compiled, peak RSS (the largest worker's VmHWM) and the last loss.
-  bench/xla_backends.py                          # 3 repetitions, a few minutes
-  bench/xla_backends.py --reps 5 --steps-scale 2
+  bench/xla_backends.py                          # 3 repetitions, about 3 minutes
+  bench/xla_backends.py --reps 5 --sides pjrt,cpu
   XLA_FLAGS=... bench/xla_backends.py --sides pjrt,cpu   # the plugin's flags reach the pjrt side
 """
 import argparse
@@ -26,8 +26,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ["mlp", "cnn", "charlm"]
-# Timed steps after the warm-up (which holds every compile: graphs stop after step 4).
-STEPS = {"mlp": 200, "cnn": 60, "charlm": 20}
+# Timed steps after the warm-up (which holds every compile: graphs stop after step 4). About a
+# second or more per side: with 200 MLP steps (0.2 s) single tables of the same build read its
+# pjrt/eager ratio anywhere in 1.05-1.28 (bench/RESULTS.md, session 15).
+STEPS = {"mlp": 800, "cnn": 240, "charlm": 80}
 WARMUP = {"mlp": 10, "cnn": 8, "charlm": 6}
 SIDES = ["pjrt", "ts", "cpu"]
 
