@@ -826,6 +826,28 @@ graph(%x : Tensor, %w : Tensor, %b : Tensor):
   }
 }
 
+namespace {
+
+// A max pool's shape case: the input's and output's sizes and the pool's window, written into
+// an IR text's KERNEL, STRIDE and PADDING; `flag` is what the test checks of its lowering.
+struct PoolCase {
+  std::vector<int64_t> x;
+  std::string kernel, stride, padding;
+  std::vector<int64_t> y;
+  bool flag;
+};
+
+// `ir` with the case's window written in, and a label naming the case.
+std::pair<std::string, std::string> pool_text(const std::string& ir, const PoolCase& c) {
+  std::string text = ir;
+  for (const auto& [key, value] : {std::pair<std::string, std::string>{"KERNEL", c.kernel}, {"STRIDE", c.stride},
+                                   {"PADDING", c.padding}})
+    text = std::regex_replace(text, std::regex(key), value);
+  return {text, "input " + c10::str(c.x) + " kernel " + c.kernel + " stride " + c.stride + " padding " + c.padding};
+}
+
+}  // namespace
+
 TEST(StableHlo, MaxPoolWithIndicesAndItsBackward) {
   const std::string ir = R"IR(
 graph(%x : Tensor, %g : Tensor):
@@ -838,26 +860,16 @@ graph(%x : Tensor, %g : Tensor):
   %gx : Tensor = aten::max_pool2d_with_indices_backward(%g, %x, %kernel, %stride, %padding, %dilation, %false, %i)
   return (%y, %i, %gx)
 )IR";
-  struct Case {
-    std::vector<int64_t> x;
-    std::string kernel, stride, padding;
-    std::vector<int64_t> y;
-    bool overlapping;  // windows that overlap keep the scatter; the others are a select
-  };
   torch::manual_seed(15);
-  for (const Case& c : {Case{{4, 16, 28, 28}, "2, 2", "", "0, 0", {4, 16, 14, 14}, false},
-                        Case{{2, 3, 7, 9}, "3, 2", "2, 2", "1, 1", {2, 3, 4, 5}, true},
-                        Case{{3, 5, 6}, "3, 3", "1, 1", "0, 0", {3, 3, 4}, true},
-                        // Padding, and rows and columns no window reaches (floor mode).
-                        Case{{2, 3, 7, 9}, "2, 3", "2, 3", "1, 1", {2, 3, 4, 3}, false},
-                        Case{{3, 8, 7}, "3, 3", "3, 3", "0, 0", {3, 2, 2}, false},
-                        Case{{2, 2, 12, 10}, "4, 5", "4, 5", "0, 0", {2, 2, 3, 2}, false}}) {
-    std::string text = ir;
-    for (const auto& [key, value] : {std::pair<std::string, std::string>{"KERNEL", c.kernel}, {"STRIDE", c.stride},
-                                     {"PADDING", c.padding}})
-      text = std::regex_replace(text, std::regex(key), value);
-    const std::string label = "input " + c10::str(c.x) + " kernel " + c.kernel + " stride " + c.stride + " padding " +
-                              c.padding;
+  // flag: the windows overlap (they keep the scatter; the others are a select).
+  for (const PoolCase& c : {PoolCase{{4, 16, 28, 28}, "2, 2", "", "0, 0", {4, 16, 14, 14}, false},
+                            PoolCase{{2, 3, 7, 9}, "3, 2", "2, 2", "1, 1", {2, 3, 4, 5}, true},
+                            PoolCase{{3, 5, 6}, "3, 3", "1, 1", "0, 0", {3, 3, 4}, true},
+                            // Padding, and rows and columns no window reaches (floor mode).
+                            PoolCase{{2, 3, 7, 9}, "2, 3", "2, 3", "1, 1", {2, 3, 4, 3}, false},
+                            PoolCase{{3, 8, 7}, "3, 3", "3, 3", "0, 0", {3, 2, 2}, false},
+                            PoolCase{{2, 2, 12, 10}, "4, 5", "4, 5", "0, 0", {2, 2, 3, 2}, false}}) {
+    const auto [text, label] = pool_text(ir, c);
     check(text, {torch::randn(c.x), torch::randn(c.y)}, label);
     // Ties (values from a few levels): each window's first maximum, as libtorch picks it.
     check(text, {torch::randint(3, c.x).to(torch::kFloat), torch::randn(c.y)}, label + ", ties");
@@ -880,7 +892,7 @@ graph(%x : Tensor, %g : Tensor):
     const auto graph = parse(text);
     run_eager_and_type(*graph, {torch::randn(c.x), torch::randn(c.y)});
     const std::string module = emit_stablehlo(*graph).module;
-    EXPECT_EQ(module.find("stablehlo.scatter") != std::string::npos, c.overlapping) << module;
+    EXPECT_EQ(module.find("stablehlo.scatter") != std::string::npos, c.flag) << module;
     // Float32 packs value and index into one int64 for one reduce_window of one result.
     EXPECT_NE(module.find("\"stablehlo.shift_left\""), std::string::npos) << module;
   }
@@ -905,23 +917,13 @@ graph(%x : Tensor, %g : Tensor, %t : float):
   %gx : Tensor = aten::threshold_backward(%gr, %x, %t)
   return (%y, %gr, %gx)
 )IR";
-  struct Case {
-    std::vector<int64_t> x;
-    std::string kernel, stride, padding;
-    std::vector<int64_t> y;
-    bool tiled;  // windows that do not overlap
-  };
   torch::manual_seed(17);
-  for (const Case& c : {Case{{4, 16, 28, 28}, "2, 2", "", "0, 0", {4, 16, 14, 14}, true},
-                        Case{{2, 3, 7, 9}, "2, 3", "2, 3", "1, 1", {2, 3, 4, 3}, true},
-                        Case{{3, 8, 7}, "3, 3", "3, 3", "0, 0", {3, 2, 2}, true},
-                        Case{{2, 3, 7, 9}, "3, 2", "2, 2", "1, 1", {2, 3, 4, 5}, false}}) {
-    std::string text = ir;
-    for (const auto& [key, value] : {std::pair<std::string, std::string>{"KERNEL", c.kernel}, {"STRIDE", c.stride},
-                                     {"PADDING", c.padding}})
-      text = std::regex_replace(text, std::regex(key), value);
-    const std::string label = "input " + c10::str(c.x) + " kernel " + c.kernel + " stride " + c.stride + " padding " +
-                              c.padding;
+  // flag: the windows do not overlap (the threshold moves before the pool's backward).
+  for (const PoolCase& c : {PoolCase{{4, 16, 28, 28}, "2, 2", "", "0, 0", {4, 16, 14, 14}, true},
+                            PoolCase{{2, 3, 7, 9}, "2, 3", "2, 3", "1, 1", {2, 3, 4, 3}, true},
+                            PoolCase{{3, 8, 7}, "3, 3", "3, 3", "0, 0", {3, 2, 2}, true},
+                            PoolCase{{2, 3, 7, 9}, "3, 2", "2, 2", "1, 1", {2, 3, 4, 5}, false}}) {
+    const auto [text, label] = pool_text(ir, c);
     const Tolerance exact{0, 0};
     for (double t : {0.0, 0.5, -1.0}) {
       const std::string at = label + ", threshold " + std::to_string(t);
@@ -954,8 +956,8 @@ graph(%x : Tensor, %g : Tensor, %t : float):
       }
       return count;
     };
-    EXPECT_EQ(compares_at(c.y), c.tiled ? 1u : 0u) << module;
-    EXPECT_EQ(compares_at(c.x), c.tiled ? 1u : 2u) << module;
+    EXPECT_EQ(compares_at(c.y), c.flag ? 1u : 0u) << module;
+    EXPECT_EQ(compares_at(c.x), c.flag ? 1u : 2u) << module;
   }
 }
 
