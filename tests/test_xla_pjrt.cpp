@@ -328,16 +328,17 @@ namespace {
 
 }  // namespace
 
-// FULGUR_XLA_HOST_KERNELS unset: the CPU plugin runs libtorch's convolutions when XLA:CPU has one
-// thread (PJRT_NPROC=1, two workers on two cores), XLA's own otherwise; "0" keeps XLA's. Either
-// way the CNN trains like eager, and the metrics report says which ran.
-TEST(XlaPjrt, ConvolutionsRunLibtorchsKernelsWhenXlaHasOneThread) {
+// FULGUR_XLA_HOST_KERNELS unset: the CPU plugin runs libtorch's convolutions, on one XLA:CPU
+// thread (PJRT_NPROC=1, two workers on two cores) and on two; "0" keeps XLA's own on either.
+// Either way the CNN trains like eager, and the metrics report says which ran.
+TEST(XlaPjrt, ConvolutionsRunLibtorchsKernelsOnTheCpuPluginUnlessTurnedOff) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(exit_with_the_convolution_choice("1", nullptr), ::testing::ExitedWithCode(11),
               "convolutions: +libtorch's kernels");
-  EXPECT_EXIT(exit_with_the_convolution_choice("2", nullptr), ::testing::ExitedWithCode(10),
-              "convolutions: +XLA's own");
+  EXPECT_EXIT(exit_with_the_convolution_choice("2", nullptr), ::testing::ExitedWithCode(11),
+              "convolutions: +libtorch's kernels");
   EXPECT_EXIT(exit_with_the_convolution_choice("1", "0"), ::testing::ExitedWithCode(10), "convolutions: +XLA's own");
+  EXPECT_EXIT(exit_with_the_convolution_choice("2", "0"), ::testing::ExitedWithCode(10), "convolutions: +XLA's own");
 }
 
 TEST(XlaPjrt, MnistMlpTrainsWithTheEagerLossesAndParameters) {

@@ -50,17 +50,11 @@ void count_bytes(int64_t up, int64_t down) {
 
 // How graphs are emitted for the process's client, decided at the first compile.
 // FULGUR_XLA_HOST_KERNELS=1 makes convolutions on the CPU plugin call libtorch's kernels
-// (xla/host_kernels.h), 0 keeps XLA's own. Unset, the CPU plugin uses libtorch's when XLA:CPU
-// runs the worker's graphs on one thread (PJRT_NPROC=1: the thread policy's choice for two
-// workers on two cores, or the user's), XLA's otherwise: on this project's Intel machine the
-// MNIST CNN's step was 0.74x with libtorch's on two workers and 0.67x on one process with
-// PJRT_NPROC=1, but 1.28x eager against 1.11x on one process with XLA on two threads
-// (bench/RESULTS.md, session 13).
-bool xla_runs_on_one_thread() {
-  const char* n = std::getenv("PJRT_NPROC");  // set before the client existed (pjrt/client.cpp)
-  return n && std::string(n) == "1";
-}
-
+// (xla/host_kernels.h), 0 keeps XLA's own; unset, the CPU plugin uses libtorch's. On this
+// project's Intel machine the MNIST CNN's step was 0.74x with libtorch's on two workers (session
+// 13) and, on one process with XLA on two threads, 0.93x (session 15; it read 1.28x eager
+// against 1.11x in session 13, before the packed pool, the XNNPACK reductions and the threshold
+// rewrite): bench/RESULTS.md. A plugin of another platform runs XLA's own.
 const stablehlo::EmitOptions& emit_options() {
   static const stablehlo::EmitOptions options = [] {
     stablehlo::EmitOptions o;
@@ -69,15 +63,15 @@ const stablehlo::EmitOptions& emit_options() {
     if (!v.empty() && v != "0" && v != "1")
       throw std::invalid_argument("FULGUR_XLA_HOST_KERNELS='" + v +
                                   "' is not valid: \"0\" (XLA's own convolutions), \"1\" (convolutions on the "
-                                  "CPU plugin run libtorch's kernels), or unset (libtorch's when the CPU plugin "
-                                  "runs on one thread, PJRT_NPROC=1)");
+                                  "CPU plugin run libtorch's kernels), or unset (libtorch's on the CPU plugin, "
+                                  "XLA's own on others)");
     if (v == "0") return o;
     const pjrt::Client& client = pjrt::process_client();
     const bool cpu = client.platform_name() == "cpu";
     if (v == "1" && !cpu)
       throw std::invalid_argument("FULGUR_XLA_HOST_KERNELS=1 needs the CPU plugin; the plugin " +
                                   client.plugin().path() + " runs on '" + client.platform_name() + "'");
-    if (!cpu || (v.empty() && !xla_runs_on_one_thread())) return o;
+    if (!cpu) return o;
     host_kernels::register_with(client.plugin());
     o.host_convolutions = true;
     std::lock_guard<std::mutex> lock(metrics_mu);

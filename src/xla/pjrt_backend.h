@@ -27,7 +27,7 @@ struct PjrtBackendMetrics {
   int64_t graphs_fallen_back = 0;    // graphs kept on TorchScript (counted when compiled)
   int64_t fallback_executions = 0;  // runs of those graphs
   // Convolutions run libtorch's kernels inside the compiled programs (FULGUR_XLA_HOST_KERNELS, or
-  // its default on one XLA:CPU thread); decided at the first compile, false before it.
+  // its default on the CPU plugin); decided at the first compile, false before it.
   bool host_convolutions = false;
   // Values moved in one copy between a PJRT buffer and a caller's host tensor (the gradient
   // sync): copy_device_value_to_host calls that copied, device_tensor_from_host calls.
