@@ -1145,10 +1145,10 @@ Operand Emitter::plane_index(const Dims& dims) {
 // as libtorch's CPU kernel. Float32: a reduce_window over value and index packed into an int64
 // (below). Other types: a variadic reduce_window over the values and their indices. A tie
 // goes to the smaller index, which is the first in the window; the initial index is the largest
-// int64, so a window of -inf alone names its first element, as libtorch does. NaN is not handled
-// as libtorch does (there a NaN always wins; see the float32 path). (A variadic reduce over the window dims of a
-// tiled plane was tried for 2x2 pools: XLA:CPU runs a reduce fusion on one thread, 1.03x
-// slower on the CNN step.)
+// int64, so a window of -inf alone names its first element, as libtorch does. A NaN wins over
+// any number and the last of several NaNs is the index, as libtorch's `val > max || isnan(val)`.
+// (A variadic reduce over the window dims of a tiled plane was tried for 2x2 pools: XLA:CPU runs
+// a reduce fusion on one thread, 1.03x slower on the CNN step.)
 void Emitter::max_pool2d_with_indices(const Node* n) {
   const c10::ScalarType t = out_dtype(n, 0);
   const Operand x = as(in(n, 0), t);
@@ -1323,8 +1323,8 @@ void Emitter::max_pool2d_with_indices_backward(const Node* n) {
 // whose maximum it is, and there x equals that window's pooled value (the pool's output 0). So the
 // threshold can be applied to g against the pooled values first, at a quarter of the size, and
 // the result is the same element for element. What it saves: the unfused form reads x again, and
-// XLA recomputes x there (for the CNN's conv1, written as a sum of 25 shifted windows, once more
-// per step; bench/RESULTS.md, session 15).
+// XLA recomputes x there when x is its own elementwise work (the CNN's conv1 on XLA's own
+// convolutions, a sum of 25 shifted windows, once more per step; bench/RESULTS.md, session 15).
 std::optional<Operand> Emitter::threshold_before_pool_backward(const Node* n) {
   static const c10::Symbol kPool = c10::Symbol::fromQualString("aten::max_pool2d_with_indices");
   static const c10::Symbol kPoolBackward = c10::Symbol::fromQualString("aten::max_pool2d_with_indices_backward");
@@ -1333,8 +1333,7 @@ std::optional<Operand> Emitter::threshold_before_pool_backward(const Node* n) {
     return std::nullopt;
   const Value* indices = backward->input(7);
   const Node* pool = indices->node();
-  if (pool->kind() != kPool || pool->outputs().size() != 2 || pool->output(1) != indices || pool->input(0) != n->input(1))
-    return std::nullopt;
+  if (pool->kind() != kPool || pool->output(1) != indices || pool->input(0) != n->input(1)) return std::nullopt;
   const auto pooled = values_.find(pool->output(0));
   if (pooled == values_.end()) return std::nullopt;
   const c10::ScalarType t = out_dtype(n);
@@ -1584,19 +1583,20 @@ Emission Emitter::run() {
   for (size_t k : updated_inputs_) outputs.push_back(materialized(values_.at(graph_.inputs()[k])));
   result.updated_inputs = updated_inputs_;
   std::vector<std::string> output_types;
-  std::ostringstream types;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    output_types.push_back(mlir_type(outputs[i].dims, outputs[i].dtype));
-    types << (i ? ", " : "") << output_types.back();
+  std::string types;  // of the results, comma-separated
+  for (const Operand& o : outputs) {
+    output_types.push_back(mlir_type(o.dims, o.dtype));
+    types += (types.empty() ? "" : ", ") + output_types.back();
   }
   // The aliases asked for whose input and result have one type and whose input has one use,
-  // the first of each input and result kept. (An updated input is not aliased: its tensor keeps holding the data, so it
-  // could never be donated, and the plugin would copy it each run.)
+  // the first of each input and result kept. An updated input is not aliased: its tensor keeps
+  // holding the data, so it could never be donated, and the plugin would copy it each run.
   std::vector<int64_t> alias_of(input_types.size(), -1);
   std::vector<bool> result_taken(outputs.size(), false);
   for (const Alias& a : aliases_) {
     if (a.input >= input_types.size() || a.result >= outputs.size() || alias_of[a.input] >= 0 ||
-        result_taken[a.result] || input_types[a.input] != output_types[a.result])
+        result_taken[a.result] || input_types[a.input] != output_types[a.result] ||
+        std::find(updated_inputs_.begin(), updated_inputs_.end(), a.input) != updated_inputs_.end())
       continue;
     // Only an input that one op reads: XLA then writes the result over it in place. One the
     // graph reads elsewhere too (a weight, read by the forward and backward as well as by its
@@ -1616,12 +1616,12 @@ Emission Emitter::run() {
       result.aliases.push_back({i, static_cast<size_t>(alias_of[i])});
     }
   }
-  signature << ") -> (" << types.str() << ") {\n";
+  signature << ") -> (" << types << ") {\n";
 
   std::ostringstream module;
   module << "module {\n" << signature.str() << body_.str() << "    \"func.return\"(";
   for (size_t i = 0; i < outputs.size(); ++i) module << (i ? ", " : "") << outputs[i].ssa;
-  module << ") : (" << types.str() << ") -> ()\n  }\n}\n";
+  module << ") : (" << types << ") -> ()\n  }\n}\n";
   result.module = module.str();
   return result;
 }
