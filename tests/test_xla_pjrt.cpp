@@ -123,9 +123,11 @@ TEST(XlaPjrt, MlpTrainsWithTheEagerLossesAndParameters) {
   EXPECT_GT(m.xla_graphs_compiled, 0);
   // One execution per step: forward, backward and update are one graph, and
   // zero_grad leaves the gradients to the next backward (when it filled them
-  // with zeros, that was a graph of its own).
+  // with zeros, that was a graph of its own). Besides the 20 steps: the first
+  // step's setup graph and, at the end, a small graph for each of the 4
+  // parameters moved back to the CPU.
   EXPECT_GE(m.xla_executions, 20);
-  EXPECT_LE(m.xla_executions, 24);
+  EXPECT_LE(m.xla_executions, 25);
   EXPECT_GT(m.bytes_to_device, 0);
   EXPECT_GT(m.bytes_to_host, 0);
   EXPECT_GT(m.xla_compile_seconds, 0.0);
@@ -387,7 +389,7 @@ namespace {
 struct HoldsAnOldAdamState : Mlp {
   HoldsAnOldAdamState() : Mlp(false) {}
   void on_before_optimizer_step(torch::optim::Optimizer& opt) override {
-    const auto it = opt.state().find(c10::guts::to_string(fc1->weight.unsafeGetTensorImpl()));
+    const auto it = opt.state().find(fc1->weight.unsafeGetTensorImpl());
     if (it == opt.state().end()) return;
     const torch::Tensor& exp_avg = static_cast<torch::optim::AdamParamState&>(*it->second).exp_avg();
     at::functionalization::impl::sync(exp_avg);

@@ -1,6 +1,7 @@
 #include <fulgur/distributed/collectives.h>
 
 #include "distributed/network.h"
+#include "distributed/tcp_store.h"
 #include "runtime/text.h"
 #include "serialize/torch_archive.h"
 
@@ -197,11 +198,10 @@ class GlooCollectives : public Collectives {
       if (!o.store_path().empty() && !o.store_prefix().empty()) {
         store_ = c10::make_intrusive<::c10d::PrefixStore>(o.store_prefix(), store_);
       }
-      // libtorch 1.13's TCP client reads the store's replies without a
-      // timeout until a wait() puts one on its socket, where it stays. A
-      // first wait, on a key of this rank's own, bounds every later reply by
-      // o.timeout(): a program that holds the port (accepts, never answers)
-      // then fails this rank within the timeout instead of holding it forever.
+      // A first wait, on a key of this rank's own, puts o.timeout() on the
+      // client's socket for every later reply, so that a store that stops
+      // answering fails this rank within the timeout (open_tcp_store bounds
+      // the construction's own ping).
       const std::string hello = "fulgur/hello/" + std::to_string(o.rank());
       store_->set(hello, std::vector<uint8_t>{1});
       store_->wait({hello});
@@ -344,10 +344,10 @@ class GlooCollectives : public Collectives {
   static c10::intrusive_ptr<::c10d::Store> shared_tcp_store(const std::string& host, const ::c10d::TCPStoreOptions& so,
                                                            std::string& prefix) {
     static std::map<std::string, std::pair<c10::intrusive_ptr<::c10d::Store>, int>> stores;
-    if (so.port == 0) return c10::make_intrusive<::c10d::TCPStore>(host, so);  // a new free port each time
+    if (so.port == 0) return detail::open_tcp_store(host, so);  // a new free port each time
     const std::string key = host + ":" + std::to_string(so.port) + (so.isServer ? "/server" : "/client");
     auto& [store, groups] = stores[key];
-    if (!store) store = c10::make_intrusive<::c10d::TCPStore>(host, so);
+    if (!store) store = detail::open_tcp_store(host, so);
     if (++groups > 1) prefix += (prefix.empty() ? "" : "/") + std::string("group-") + std::to_string(groups);
     return store;
   }

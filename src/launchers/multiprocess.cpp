@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "distributed/network.h"
+#include "distributed/tcp_store.h"
 #include "launchers/worker_env.h"
 #include "runtime/log.h"
 #include "runtime/env.h"
@@ -148,7 +149,7 @@ c10::intrusive_ptr<::c10d::Store> node_store(const MultiProcessLauncherOptions& 
   if (so.isServer) {
     so.timeout = std::chrono::seconds(60);
     try {
-      store = c10::make_intrusive<::c10d::TCPStore>(o.main_address(), so);
+      store = detail::open_tcp_store(o.main_address(), so);
     } catch (const std::exception& e) {
       const std::string msg = runtime::first_line(e.what());
       throw CollectiveError("rendezvous: node 0 cannot serve the store on MASTER_PORT=" + std::to_string(o.main_port()) +
@@ -159,11 +160,10 @@ c10::intrusive_ptr<::c10d::Store> node_store(const MultiProcessLauncherOptions& 
   so.timeout = connect_timeout;
   if (!detail::accepts_connections(o.main_address(), o.main_port(), 100)) return {};  // node 0 is not up (or gone)
   try {
-    auto client = c10::make_intrusive<::c10d::TCPStore>(o.main_address(), so);
-    // As in the rendezvous (collectives.cpp): libtorch 1.13's client reads
-    // replies without a timeout until a wait() puts one on its socket, so a
-    // program holding the port (accepts, never answers) would hold this
-    // launcher in its next call forever. A first wait bounds them all.
+    auto client = detail::open_tcp_store(o.main_address(), so);
+    // As in the rendezvous (collectives.cpp): a first wait puts the timeout on
+    // the client's socket for every later reply, so that a program holding the
+    // port (accepts, never answers) cannot hold this launcher in a later call.
     const std::string hello = "fulgur/hello/node-" + std::to_string(o.node_rank());
     client->set(hello, std::vector<uint8_t>{1});
     client->wait({hello});

@@ -92,7 +92,7 @@ Coefficients as_floats(const xla::AdamNumbers& n, bool amsgrad) {
 template <typename Options, typename State>
 bool step(torch::optim::Optimizer& opt, bool adamw) {
   // Check everything first: either the whole step is fused or none of it.
-  std::vector<std::string> keys;  // of the parameters with a gradient, in order
+  std::vector<void*> keys;  // of the parameters with a gradient, in order
   Path path = Path::none;
   auto same = [&path](Path p) {
     if (p == Path::none || (path != Path::none && p != path)) return false;
@@ -122,7 +122,7 @@ bool step(torch::optim::Optimizer& opt, bool adamw) {
     auto& o = static_cast<Options&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      const std::string& key = keys[next_key++];
+      void* const key = keys[next_key++];
       auto it = opt.state().find(key);
       if (it == opt.state().end()) {  // as libtorch initializes it
         auto s = std::make_unique<State>();
@@ -153,9 +153,16 @@ bool step(torch::optim::Optimizer& opt, bool adamw) {
         continue;
       }
       const Coefficients c = as_floats(n, o.amsgrad());
-      float* vmax = c.amsgrad ? s.max_exp_avg_sq().template data_ptr<float>() : nullptr;
-      update(p.data_ptr<float>(), p.grad().data_ptr<float>(), s.exp_avg().template data_ptr<float>(),
-             s.exp_avg_sq().template data_ptr<float>(), vmax, p.numel(), c);
+      // Named as at::Tensor: `State` is a template parameter, and clang cannot call the
+      // data_ptr<T> template of a dependent expression (Tensor has a data_ptr() overload too).
+      const at::Tensor &m = s.exp_avg(), &v = s.exp_avg_sq();
+      float* vmax = nullptr;
+      if (c.amsgrad) {
+        const at::Tensor& vm = s.max_exp_avg_sq();
+        vmax = vm.data_ptr<float>();
+      }
+      update(p.data_ptr<float>(), p.grad().data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), vmax,
+             p.numel(), c);
     }
   }
   return true;

@@ -238,7 +238,7 @@ const OptimizerAdapter* optimizer_adapter(const torch::optim::Optimizer& optimiz
   return nullptr;
 }
 
-std::string optimizer_state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+void* optimizer_state_key(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
 
 c10::IValue optimizer_state_dict(torch::optim::Optimizer& opt) {
   const OptimizerAdapter* a = optimizer_adapter(opt);
@@ -293,7 +293,7 @@ void load_optimizer_state_dict(torch::optim::Optimizer& opt, const c10::IValue& 
                              " parameter groups, the optimizer has " + std::to_string(opt.param_groups().size()));
   }
   // Read everything first, so that a bad entry leaves the optimizer untouched.
-  std::vector<std::pair<std::string, std::unique_ptr<OptimizerParamState>>> loaded;
+  std::vector<std::pair<void*, std::unique_ptr<OptimizerParamState>>> loaded;
   std::vector<double> lrs;
   int64_t index = 0;
   for (size_t gi = 0; gi < groups.size(); ++gi) {

@@ -53,7 +53,7 @@ c10::IValue optimizer_state_dict(torch::optim::Optimizer& optimizer);
 // leaves the optimizer unchanged then.
 void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const c10::IValue& state, const std::string& where);
 // The key of `p`'s entry in Optimizer::state(), as libtorch's optimizers write it.
-std::string optimizer_state_key(const at::Tensor& p);
+void* optimizer_state_key(const at::Tensor& p);
 // Replaces each defined tensor of `state` by f(tensor), whichever known
 // optimizer's state it is (another kind is left alone).
 void map_state_tensors(torch::optim::OptimizerParamState& state, const std::function<at::Tensor(const at::Tensor&)>& f);

@@ -1,7 +1,7 @@
 #pragma once
 // The thread policy, in one place (see docs/ARCHITECTURE.md, "Threads"):
 // a worker gets cores / local_world_size threads (at least 1) for torch's
-// intra-op pool and for OpenBLAS, and OpenMP waits passively when several
+// intra-op pool (OpenMP, which MKL's matrix products use too), and OpenMP waits passively when several
 // workers share the machine, because spinning threads of one worker steal the
 // cores of the others (measured 3-5x slower).
 
@@ -17,17 +17,11 @@ int64_t available_cores();
 // Threads a worker gets when `local_world_size` workers share this machine.
 int64_t threads_per_worker(int64_t local_world_size);
 
-// Environment a freshly started worker needs so OpenMP and OpenBLAS size
-// their pools right at load time.
+// Environment a freshly started worker needs so OpenMP sizes its pool right
+// at load time.
 std::map<std::string, std::string> thread_environment(int64_t local_world_size);
 
 // Applies the policy to this (already running) process.
 void apply_thread_policy(int64_t local_world_size);
-
-// Once per process, on global rank 0: a warning when OpenBLAS picked its generic
-// Prescott kernels on a CPU with AVX2 or AVX-512 (Debian's 0.3.21 does so for CPU
-// models it does not know), naming the OPENBLAS_CORETYPE that fixes it. Called when
-// a stage starts in a worker (rank 0 of a job prints it once).
-void warn_if_blas_kernels_are_generic();
 
 }  // namespace fulgur::runtime

@@ -213,7 +213,9 @@ void TrainerImpl::restore(const std::string& path) {
   load_callback_states(cbs);
   if (rng_states.defined() && rng_states.dim() == 2 && rng_states.size(0) == strategy->world_size()) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
-    gen.set_state(rng_states[strategy->global_rank()].contiguous());
+    // A tensor of its own: libtorch 2.11's CPU generator crashes on a state that is a view at a
+    // storage offset (a row of the gathered states).
+    gen.set_state(rng_states[strategy->global_rank()].clone());
   }
   model->on_load_checkpoint(ckpt);
 }

@@ -48,7 +48,6 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
   strategy->setup_environment();
   // Messages of this stage take the ranks from the strategy's environment.
   runtime::RankScope log_ranks(strategy->global_rank(), strategy->world_size());
-  runtime::warn_if_blas_kernels_are_generic();
   // A stage that throws still tears down; if that fails too (a module whose values a failed
   // device execution never produced cannot move back), the stage's own error goes on and the
   // teardown's is logged, since a second exception while unwinding would end the process.

@@ -2,6 +2,8 @@
 
 #include "xla/lazy_adam.h"
 
+#include "xla/updated_data.h"
+
 #include <ATen/FunctionalTensorWrapper.h>
 #include <c10/core/TensorImpl.h>
 #include <torch/csrc/jit/ir/ir.h>
@@ -101,19 +103,18 @@ lazy::LazyTensorPtr lazy_tensor(const at::Tensor& t) {
 }
 
 // Makes `value` the tensor's new value, as an in-place op does. Functionalization puts a new
-// lazy tensor under the wrapper; the old value's device data is marked as that tensor's, so that
-// the lazy core's step mark aliases the new value to it (LazyGraphExecutor::
-// BuildInputOutputAliases matches a parameter's DeviceDataInfo::tensor_id with an output's
-// tensor) and the PJRT backend can let XLA update the buffer in place. (Keeping the old lazy
-// tensor and setting its IR value instead reorders the graph's outputs, which made the MNIST
-// CNN's XLA step 1.08x slower.)
-void assign(const at::Tensor& t, lazy::Value value, const lazy::BackendDevice& device) {
+// lazy tensor under the wrapper. With `in_place`, the old value's device data is marked with the
+// node output that computes the new one (UpdatedBy), so that the PJRT lowering aliases the two
+// and XLA can update the buffer in place: for Adam's state, which only its update reads. (A weight
+// is read by the forward and backward too; aliasing it made XLA copy it, 1.05x slower on the MNIST
+// CNN, bench/RESULTS.md session 14. Keeping the old lazy tensor and setting its IR value instead
+// reorders the graph's outputs, which made the CNN's XLA step 1.08x slower.)
+void assign(const at::Tensor& t, lazy::Value value, const lazy::BackendDevice& device, bool in_place) {
   if (functionalization::isFunctionalTensor(t)) {
     const lazy::LazyTensorPtr before = lazy::TryGetLtcTensor(functionalization::from_functional_tensor(t));
     const lazy::BackendDataPtr old = before ? before->CurrentDataHandle() : nullptr;
+    if (old && in_place) old->SetInfo(std::make_shared<UpdatedBy>(value));
     const lazy::LazyTensorPtr updated = lazy::LazyTensor::Create(std::move(value), device);
-    if (old)
-      old->SetInfo(std::make_shared<lazy::LazyGraphExecutor::DeviceDataInfo>(updated->GetUniqueId(), /*read_only=*/false));
     functionalization::replace_(t, lazy::CreateAtenFromLtcTensor(updated));
     functionalization::commit_update(t);
     functionalization::sync(t);
@@ -170,9 +171,9 @@ void LazyAdamStep::update(const at::Tensor& p, const at::Tensor& grad, const at:
   if (n.decay != Decay::none) operands.push_back(numbers_->get(n.decay_value, device));
   const lazy::Shape shape(p.scalar_type(), p.sizes());
   lazy::NodePtr node = std::make_shared<AdamNode>(operands, shape, n.decay);
-  assign(p, lazy::Value(node, 0), device);
-  assign(exp_avg, lazy::Value(node, 1), device);
-  assign(exp_avg_sq, lazy::Value(node, 2), device);
+  assign(p, lazy::Value(node, 0), device, /*in_place=*/false);
+  assign(exp_avg, lazy::Value(node, 1), device, /*in_place=*/true);
+  assign(exp_avg_sq, lazy::Value(node, 2), device, /*in_place=*/true);
 }
 
 }  // namespace fulgur::xla

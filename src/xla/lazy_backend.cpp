@@ -159,7 +159,8 @@ class LazyBackend : public Backend {
     base_hits_ += counter("CachedCompile");
     for (const auto& [op, n] : fallback_counters()) base_fallbacks_[op] += n;
     if (auto* cache = torch::lazy::LazyGraphExecutor::Get()->GetComputationCache()) cache->Clear();
-    torch::lazy::MetricsArena::Get()->Reset();
+    torch::lazy::MetricsArena::Get()->ResetCounters();
+    torch::lazy::MetricsArena::Get()->ResetMetrics();
     seen_uncached_ = counter("UncachedCompile");
     steps_noted_ = 0;
     mark_steps_since_reset_ = 0;

@@ -32,6 +32,7 @@
 #include "xla/pjrt/client.h"
 #include "xla/pjrt/tensors.h"
 #include "xla/stablehlo/emitter.h"
+#include "xla/updated_data.h"
 
 namespace fulgur::xla {
 namespace {
@@ -170,35 +171,60 @@ at::Tensor host_tensor(const lazy::BackendDataPtr& data) {
   return std::static_pointer_cast<lazy::TSData>(data)->data();
 }
 
-// The graph of a lowering with the input/output aliases the lazy core set up for it.
+// The graph of a lowering with its input/output aliases (PjrtLoweringContext).
 class LoweredComputation : public lazy::TSComputation {
  public:
-  LoweredComputation(const std::shared_ptr<torch::jit::Graph>& graph, std::vector<stablehlo::Alias> aliases)
-      : lazy::TSComputation(graph), aliases(std::move(aliases)) {}
+  LoweredComputation(const std::shared_ptr<torch::jit::Graph>& graph, std::vector<stablehlo::Alias> aliases,
+                     std::vector<long> node_holds)
+      : lazy::TSComputation(graph), aliases(std::move(aliases)), node_holds(std::move(node_holds)) {}
   std::vector<stablehlo::Alias> aliases;
+  // Per parameter, the device-data nodes of the graph that hold its data (see PjrtComputation).
+  std::vector<long> node_holds;
 };
 
-// The TorchScript lowering, keeping the aliases the lazy core asks for at a step mark
-// (LazyGraphExecutor::BuildInputOutputAliases: a tensor the graph updates whose old value is
-// one of its parameters; TSLoweringContext drops them).
+// The TorchScript lowering, with the input/output aliases of the data an update replaces: a
+// parameter marked UpdatedBy (xla/updated_data.h) is aliased to the result of the node output
+// that computes its new value.
 class PjrtLoweringContext : public lazy::TSLoweringContext {
  public:
-  using lazy::TSLoweringContext::TSLoweringContext;
+  PjrtLoweringContext(const std::string& name, lazy::BackendDevice device, c10::ArrayRef<const lazy::Node*> post_order,
+                      lazy::Util::EmissionMap emit_status)
+      : lazy::TSLoweringContext(name, std::move(device), post_order, std::move(emit_status)) {
+    for (const lazy::Node* node : post_order) {
+      if (const lazy::BackendDataPtr d = lazy::getBackend()->GetComputationDataFromNode(node)) ++node_holds_[d.get()];
+    }
+  }
+  size_t AddResult(const lazy::Output& output) override {
+    results_.push_back(output);
+    return lazy::TSLoweringContext::AddResult(output);
+  }
   // The shapes are compared when the graph is emitted (stablehlo::Emission::aliases), once the
   // results are typed.
-  bool CheckResultShape(const lazy::BackendDataPtr&, size_t) override { return true; }
-  void SetUpAlias(const std::vector<int64_t>& output_index, int64_t param_number, const std::vector<int64_t>&,
-                  bool) override {
-    if (output_index.size() == 1 && output_index[0] >= 0 && param_number >= 0)
-      aliases_.push_back({static_cast<size_t>(param_number), static_cast<size_t>(output_index[0])});
-  }
   lazy::ComputationPtr Build() override {
     auto built = lazy::TSLoweringContext::Build();  // registers the graph's outputs
-    return std::make_shared<LoweredComputation>(static_cast<lazy::TSComputation&>(*built).graph(), aliases_);
+    std::vector<stablehlo::Alias> aliases;
+    const auto& params = GetParametersData();
+    for (size_t k = 0; k < params.size(); ++k) {
+      const auto* mark = dynamic_cast<const UpdatedBy*>(params[k]->info());
+      if (!mark) continue;
+      for (size_t i = 0; i < results_.size(); ++i) {
+        if (mark->is(results_[i])) {
+          aliases.push_back({k, i});
+          break;
+        }
+      }
+    }
+    std::vector<long> holds(params.size(), 0);
+    for (size_t k = 0; k < params.size(); ++k) {
+      const auto it = node_holds_.find(params[k].get());
+      if (it != node_holds_.end()) holds[k] = it->second;
+    }
+    return std::make_shared<LoweredComputation>(static_cast<lazy::TSComputation&>(*built).graph(), aliases, holds);
   }
 
  private:
-  std::vector<stablehlo::Alias> aliases_;
+  std::vector<lazy::Output> results_;  // in the order of the graph's outputs
+  std::unordered_map<const lazy::BackendData*, long> node_holds_;  // device-data nodes per data
 };
 
 // A TorchScript computation that, when XLA compiled its graph, runs on PJRT instead.
@@ -206,12 +232,13 @@ class PjrtComputation : public lazy::TSComputation {
  public:
   PjrtComputation(const std::shared_ptr<torch::jit::Graph>& graph, std::shared_ptr<pjrt::Executable> exe,
                   std::vector<lazy::Shape> output_shapes, std::vector<size_t> updated_inputs,
-                  std::vector<stablehlo::Alias> aliases = {})
+                  std::vector<stablehlo::Alias> aliases = {}, std::vector<long> node_holds = {})
       : lazy::TSComputation(graph),
         executable(std::move(exe)),
         output_shapes(std::move(output_shapes)),
         updated_inputs(std::move(updated_inputs)),
-        aliases(std::move(aliases)) {}
+        aliases(std::move(aliases)),
+        node_holds(std::move(node_holds)) {}
   std::shared_ptr<pjrt::Executable> executable;  // null: run by TorchScript
   std::vector<lazy::Shape> output_shapes;          // of the graph's outputs, when run by XLA
   // Arguments the graph updates in place (stablehlo::Emission::updated_inputs); on XLA their new
@@ -219,6 +246,9 @@ class PjrtComputation : public lazy::TSComputation {
   std::vector<size_t> updated_inputs;
   // Arguments whose buffers the executable may reuse for a result (stablehlo::Emission::aliases).
   std::vector<stablehlo::Alias> aliases;
+  // Per argument, the device-data nodes of the graph that hold it: the lazy core keeps the graph's
+  // IR alive while it runs the computation, so these hold an argument besides the parameter list.
+  std::vector<long> node_holds;
 };
 
 // The graph with the tensor types this backend set taken off again, for the TorchScript
@@ -269,7 +299,6 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
   void PrepareToExit() const override { ts()->PrepareToExit(); }
   void SetRngSeed(size_t seed) const override { ts()->SetRngSeed(seed); }
   const lazy::IrBuilder* GetIrBuilder() const override { return ts()->GetIrBuilder(); }
-  bool ShouldSyncTensor(const lazy::LazyTensorPtr tensor) const override { return ts()->ShouldSyncTensor(tensor); }
 
   // Uploaded at once: the caller's tensor may change after this returns.
   lazy::BackendDataPtr MakeComputationDataFromTensor(const at::Tensor& tensor, const lazy::Shape& shape,
@@ -285,7 +314,7 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
                                              const lazy::Shape& shape) const override {
     return std::make_shared<PjrtData>(shape, device);
   }
-  lazy::BackendDataPtr GetComputationDataFromNode(lazy::Node* node) const override {
+  lazy::BackendDataPtr GetComputationDataFromNode(const lazy::Node* node) const override {
     return ts()->GetComputationDataFromNode(node);
   }
   // A new CPU tensor each time (the caller may write into it).
@@ -296,12 +325,12 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
   }
 
   std::unique_ptr<lazy::LoweringContext> CreateLoweringContext(const std::string& name, lazy::BackendDevice device,
-                                                               c10::ArrayRef<lazy::Node*> post_order,
+                                                               c10::ArrayRef<const lazy::Node*> post_order,
                                                                lazy::Util::EmissionMap emit_status) const override {
     auto ctx = std::make_unique<PjrtLoweringContext>(name, device, post_order, emit_status);
     auto* tsctx = ctx.get();
     // Outputs: the lazy nodes' shapes.
-    for (lazy::Node* node : post_order) {
+    for (const lazy::Node* node : post_order) {
       for (size_t i = 0; i < node->num_outputs(); ++i) {
         torch::jit::Value* v = tsctx->GetOutputOp(lazy::Output(node, i));
         if (!v->type()->cast<c10::TensorType>()) continue;  // a scalar parameter (int/float)
@@ -348,8 +377,11 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
       const auto* lowered = dynamic_cast<const LoweredComputation*>(tsc);
       const stablehlo::EmitOptions& options = emit_options();  // a bad setting is the user's error
       try {
-        stablehlo::Emission e =
-            stablehlo::emit_stablehlo(*graph, options, lowered ? lowered->aliases : std::vector<stablehlo::Alias>{});
+        // Aliases only at a step mark, as torch_xla: a graph run to read a value early (item())
+        // leaves the updated tensors' old data in use.
+        stablehlo::Emission e = stablehlo::emit_stablehlo(
+            *graph, options,
+            lowered && instance->in_mark_step ? lowered->aliases : std::vector<stablehlo::Alias>{});
         if (e.unsupported.empty()) {
           shapes = output_shapes_of(*graph);
           updated = e.updated_inputs;
@@ -365,7 +397,7 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
       std::shared_ptr<PjrtComputation> c;
       if (exe) {
         c = std::make_shared<PjrtComputation>(graph, std::move(exe), std::move(shapes), std::move(updated),
-                                              std::move(aliases));
+                                              std::move(aliases), lowered ? lowered->node_holds : std::vector<long>{});
         std::lock_guard<std::mutex> lock(metrics_mu);
         ++metrics_.graphs_compiled;
         metrics_.compile_seconds += dt;
@@ -403,9 +435,10 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
       args.push_back(keep.back().get());
     }
     // An aliased argument is donated when nothing but this execution holds it: the lazy core's
-    // parameter list holds the device data object and that object alone holds the buffer. A
-    // tensor whose value it still is, a pending graph's node or data sharing the buffer (Assign)
-    // would each hold one more, and then the plugin copies the argument instead. After the
+    // parameter list and this graph's device-data nodes (node_holds) hold the device data object,
+    // and that object alone holds the buffer. A tensor whose value it still is, another pending
+    // graph's node or data sharing the buffer (Assign) would each hold one more, and then the
+    // plugin copies the argument instead. After the
     // execution the donors lose their buffers: the lazy core reads them no more, and a stray read
     // is an error, not garbage. (A failed execution leaves them as they are.)
     std::vector<std::shared_ptr<const pjrt::Buffer>> donated;
@@ -414,7 +447,8 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
     for (const stablehlo::Alias& al : pc->aliases) {
       const auto& a = arguments[al.input];
       auto* p = dynamic_cast<PjrtData*>(a.get());
-      if (!p || !p->buffer() || a.use_count() != 1 || p->buffer().use_count() != 1) continue;
+      const long holds = 1 + (al.input < pc->node_holds.size() ? pc->node_holds[al.input] : 0);
+      if (!p || !p->buffer() || a.use_count() > holds || p->buffer().use_count() != 1) continue;
       donated.push_back(p->buffer());
       donors.push_back(p);
       donated_bytes += static_cast<int64_t>(p->shape().numel() * c10::elementSize(p->shape().scalar_type()));
@@ -526,7 +560,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
 // Drops the dispatcher's warning that a kernel replaces libtorch's (the replacement is meant).
 class QuietWarnings : public c10::WarningHandler {
  public:
-  void process(const c10::SourceLocation&, const std::string&, const bool) override {}
+  void process(const c10::Warning&) override {}
 };
 
 }  // namespace
@@ -538,7 +572,7 @@ void install_pjrt_lazy_backend() {
     static PjrtBackendImpl impl;
     static lazy::BackendRegistrar registrar(&impl);  // the last registrar wins
     QuietWarnings quiet;
-    c10::Warning::WarningHandlerGuard guard(&quiet);
+    c10::WarningUtils::WarningHandlerGuard guard(&quiet);
     static torch::Library lazy_kernels(torch::Library::IMPL, "aten", c10::DispatchKey::Lazy, __FILE__, __LINE__);
     lazy_kernels.impl("_copy_from", TORCH_FN(copy_from));
   });

@@ -1435,6 +1435,16 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
       {"aten::relu", [](Emitter& e, const Node* n) { e.set(n, 0, e.binary("stablehlo.maximum", e.in(n, 0), number(0), out_dtype(n))); }},
       {"aten::addcmul", [](Emitter& e, const Node* n) { e.addcop(n, "stablehlo.multiply"); }},
       {"aten::addcdiv", [](Emitter& e, const Node* n) { e.addcop(n, "stablehlo.divide"); }},
+      // libtorch 2.x's lazy lowering passes a scalar argument (alpha, beta, a threshold) as a 0-d
+      // tensor parameter converted by ScalarImplicit: a number of that tensor's dtype.
+      {"aten::ScalarImplicit",
+       [](Emitter& e, const Node* n) {
+         const Operand x = e.materialized(e.in(n, 0));
+         if (!x.dims.empty())
+           throw std::invalid_argument("aten::ScalarImplicit of a tensor of " + std::to_string(x.dims.size()) +
+                                       " dims: it takes a 0-d tensor");
+         e.values_[n->output(0)] = Operand{x.ssa, {}, x.dtype, Tier::number, x.constant};
+       }},
       {"aten::zero", [](Emitter& e, const Node* n) { e.set(n, 0, e.splat(0, out_dims(n), out_dtype(n))); }},
       {"aten::zeros_like", [](Emitter& e, const Node* n) { e.set(n, 0, e.splat(0, out_dims(n), out_dtype(n))); }},
       {"aten::detach_copy", [](Emitter& e, const Node* n) { e.set(n, 0, e.broadcast_to(e.in(n, 0), out_dims(n))); }},
