@@ -405,3 +405,24 @@ TEST(PjrtThreads, ClientSetsPjrtNprocFromTheThreadPolicyUnlessTheUserDid) {
   { pjrt::Client client(plugin, pjrt::ClientOptions{}); }
   EXPECT_EQ(std::string(std::getenv("PJRT_NPROC")), "1");
 }
+
+// An installed fulgur records the copy of the CPU plugin in its package (fulgurConfig.cmake);
+// that copy comes before the build's, PJRT_LIBRARY_PATH before both, and when neither exists the
+// error names both places.
+TEST(PjrtPluginChoice, AnInstalledPackagesPluginComesFirstAndAMissingOneNamesWhereItLooked) {
+  TempDir dir;
+  const std::string installed = dir.path + "/lib/fulgur/pjrt/xla_cpu_pjrt.so";
+  std::filesystem::create_directories(dir.path + "/lib/fulgur/pjrt");
+  std::ofstream(installed) << "";
+  pjrt::PluginLocations where = pjrt::PluginLocations::built_in();
+  EXPECT_EQ(where.installed_cpu_plugin, "") << "this test program did not find an installed package";
+  where.installed_cpu_plugin = installed;
+  EXPECT_EQ(pjrt::choose_plugin({}, where).path, installed);
+  EXPECT_EQ(pjrt::choose_plugin({"", "/opt/my_plugin.so", ""}, where).path, "/opt/my_plugin.so");
+  where.installed_cpu_plugin = dir.path + "/gone.so";
+  EXPECT_EQ(pjrt::choose_plugin({}, where).path, pjrt::PluginLocations::built_in().cpu_plugin);
+  where.cpu_plugin = "/nowhere/cpu.so";
+  const std::string what = error_of([&] { pjrt::choose_plugin({}, where); });
+  for (const std::string part : {dir.path + "/gone.so", std::string("/nowhere/cpu.so"), std::string("PJRT_LIBRARY_PATH")})
+    EXPECT_NE(what.find(part), std::string::npos) << part << " not in: " << what;
+}

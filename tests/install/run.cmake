@@ -28,11 +28,14 @@ function(step what)
   set(step_output "${out}" PARENT_SCOPE)
 endfunction()
 
-function(run_app what exe)
-  step("${what}: run" ${exe} ${WORK_DIR}/runs)
+# run_app(<what> <command>...): runs the outside program (the command's last word is the program,
+# or its wrapper's) with the runs folder as its argument.
+function(run_app what)
+  step("${what}: run" ${ARGN} ${WORK_DIR}/runs)
   if(NOT step_output MATCHES "fulgur consumer: 4 steps")
     message(FATAL_ERROR "${what}: the program did not train 4 steps:\n${step_output}")
   endif()
+  set(step_output "${step_output}" PARENT_SCOPE)
 endfunction()
 
 file(REMOVE_RECURSE ${WORK_DIR})
@@ -40,16 +43,36 @@ set(prefix ${WORK_DIR}/prefix)
 
 step("install" ${CMAKE_COMMAND} --install ${FULGUR_BUILD_DIR} --prefix ${prefix})
 foreach(f lib/libfulgur.a include/fulgur/trainer.h lib/cmake/fulgur/fulgurConfig.cmake
-          lib/cmake/fulgur/fulgurConfigVersion.cmake lib/cmake/fulgur/fulgurTargets.cmake)
+          lib/cmake/fulgur/fulgurConfigVersion.cmake lib/cmake/fulgur/fulgurTargets.cmake
+          lib/cmake/fulgur/FulgurLibtorch.cmake lib/fulgur/libtorch/lib/libtorch_cpu.so
+          lib/fulgur/libtorch/share/cmake/Torch/TorchConfigVersion.cmake lib/fulgur/pjrt/xla_cpu_pjrt.so)
   if(NOT EXISTS ${prefix}/${f})
     message(FATAL_ERROR "install: ${prefix}/${f} is missing")
   endif()
 endforeach()
 
+# The outside project sets no C++ standard: the package's targets carry the one libtorch needs.
 step("find_package: configure" ${CMAKE_COMMAND} -S ${consumer} -B ${WORK_DIR}/find ${common}
      -DCMAKE_PREFIX_PATH=${prefix})
 step("find_package: build" ${CMAKE_COMMAND} --build ${WORK_DIR}/find)
-run_app("find_package" ${WORK_DIR}/find/app)
+# The program needs nothing of the checkout: it names no path inside it, and it trains on xla
+# with the source tree hidden (an empty tmpfs over it, in a mount namespace of its own; root only).
+execute_process(COMMAND ldd ${WORK_DIR}/find/app OUTPUT_VARIABLE libs)
+string(FIND "${libs}" "${FULGUR_SOURCE_DIR}/" at)
+if(NOT at EQUAL -1)
+  message(FATAL_ERROR "find_package: the program loads libraries from the checkout:\n${libs}")
+endif()
+execute_process(COMMAND id -u OUTPUT_VARIABLE uid OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(uid STREQUAL "0")
+  run_app("find_package, checkout hidden" unshare --mount --propagation private sh -c
+          "mount -t tmpfs none \"$0\" && exec \"$@\"" ${FULGUR_SOURCE_DIR} ${WORK_DIR}/find/app)
+else()
+  message(STATUS "find_package: not root, so the checkout is not hidden for the run")
+  run_app("find_package" ${WORK_DIR}/find/app)
+endif()
+if(NOT step_output MATCHES "on xla")
+  message(FATAL_ERROR "find_package: the program did not train on xla:\n${step_output}")
+endif()
 
 # The add_subdirectory build compiles the library again, with its
 # precompiled header, in a folder of its own: its objects miss ccache (a PCH

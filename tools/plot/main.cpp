@@ -70,7 +70,9 @@ int main(int argc, char** argv) {
   if (output.empty()) output = (csv.parent_path() / "metrics.png").string();
   int width = 0, height = 0;
   char x = 0;
-  if (std::istringstream(size) >> width >> x >> height; x != 'x' || width < 100 || height < 100) {
+  std::istringstream size_text(size);
+  size_text >> width >> x >> height;
+  if (x != 'x' || width < 100 || height < 100) {
     std::cerr << "fulgur-plot: --size '" << size << "' is not WIDTHxHEIGHT with both at least 100 (e.g. 1000x700)\n";
     return 2;
   }

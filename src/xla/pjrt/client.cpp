@@ -326,7 +326,8 @@ std::vector<Buffer> Executable::execute(const std::vector<const Buffer*>& args,
 
 Client::Client(const Plugin& plugin, const ClientOptions& options) : plugin_(&plugin) {
   set_thread_count(options.local_world_size);
-  if (plugin.path() == PluginLocations::built_in().cpu_plugin) set_cpu_plugin_flag_defaults();
+  const PluginLocations pinned = PluginLocations::built_in();
+  if (plugin.path() == pinned.cpu_plugin || plugin.path() == pinned.installed_cpu_plugin) set_cpu_plugin_flag_defaults();
   const std::string device_count = "cpu_device_count";
   PJRT_NamedValue create_options[1]{};
   size_t num_options = 0;

@@ -5,6 +5,10 @@
 #include <cstdlib>
 #include <stdexcept>
 
+// Defined by the source file fulgurConfig.cmake adds to programs that find an installed fulgur;
+// null in every other program (a weak reference: the static library links without it).
+extern "C" const char* fulgur_installed_pjrt_cpu_plugin() __attribute__((weak));
+
 namespace fulgur::xla::pjrt {
 namespace {
 
@@ -23,7 +27,10 @@ PluginEnvironment PluginEnvironment::from_process() {
   return {env_or_empty("PJRT_DEVICE"), env_or_empty("PJRT_LIBRARY_PATH"), env_or_empty("TPU_LIBRARY_PATH")};
 }
 
-PluginLocations PluginLocations::built_in() { return {FULGUR_PJRT_CPU_PLUGIN, FULGUR_XLA_VENV, FULGUR_XLA_SITE_PACKAGES}; }
+PluginLocations PluginLocations::built_in() {
+  const char* installed = fulgur_installed_pjrt_cpu_plugin ? fulgur_installed_pjrt_cpu_plugin() : nullptr;
+  return {FULGUR_PJRT_CPU_PLUGIN, FULGUR_XLA_VENV, FULGUR_XLA_SITE_PACKAGES, installed ? installed : ""};
+}
 
 PluginChoice choose_plugin(const PluginEnvironment& env, const PluginLocations& where) {
   const std::string device = env.pjrt_device.empty() ? "CPU" : env.pjrt_device;
@@ -33,10 +40,12 @@ PluginChoice choose_plugin(const PluginEnvironment& env, const PluginLocations& 
                                 "or set PJRT_LIBRARY_PATH to a plugin file");
   if (!env.pjrt_library_path.empty()) return {env.pjrt_device, env.pjrt_library_path};
   if (device == "CPU") {
-    if (!exists(where.cpu_plugin))
-      throw std::invalid_argument("PJRT_DEVICE=CPU: the XLA CPU plugin " + where.cpu_plugin +
-                                  " is not installed; run scripts/install-deps, or set PJRT_LIBRARY_PATH");
-    return {device, where.cpu_plugin};
+    if (exists(where.installed_cpu_plugin)) return {device, where.installed_cpu_plugin};
+    if (exists(where.cpu_plugin)) return {device, where.cpu_plugin};
+    std::string looked = where.installed_cpu_plugin.empty() ? "" : where.installed_cpu_plugin + " (installed package), ";
+    throw std::invalid_argument("PJRT_DEVICE=CPU: the XLA CPU plugin is not at " + looked + where.cpu_plugin +
+                                " (fulgur's build) and PJRT_LIBRARY_PATH is unset; run scripts/install-deps in "
+                                "fulgur's checkout, reinstall fulgur, or set PJRT_LIBRARY_PATH to the plugin file");
   }
   if (device == "TPU") {
     if (!env.tpu_library_path.empty()) return {device, env.tpu_library_path};

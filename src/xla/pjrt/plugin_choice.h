@@ -1,6 +1,9 @@
 #pragma once
 // Which PJRT plugin file a process loads, with torch_xla's names:
-//   PJRT_DEVICE=CPU (the default)  the CPU plugin pinned in scripts/requirements-xla.txt
+//   PJRT_DEVICE=CPU (the default)  the CPU plugin pinned in scripts/requirements-xla.txt: the copy
+//                                  an installed fulgur records (its package's lib/fulgur/pjrt, for
+//                                  programs built with find_package(fulgur)), else the one this
+//                                  build was configured with (the checkout's .venv/xla)
 //   PJRT_DEVICE=TPU                libtpu.so: TPU_LIBRARY_PATH, else the `libtpu` pip package
 //                                  in fulgur's virtual environment
 //   PJRT_DEVICE=CUDA               xla_cuda_plugin.so of the `jax-cuda12-pjrt` pip package in
@@ -22,11 +25,14 @@ struct PluginEnvironment {
 };
 
 // Where fulgur's build found things (CMake: FULGUR_PJRT_CPU_PLUGIN, FULGUR_XLA_VENV,
-// FULGUR_XLA_SITE_PACKAGES).
+// FULGUR_XLA_SITE_PACKAGES), and where an installed fulgur put its CPU plugin.
 struct PluginLocations {
   std::string cpu_plugin;     // the pinned CPU plugin file
   std::string venv;           // fulgur's virtual environment (.venv/xla)
   std::string site_packages;  // its site-packages
+  // The pinned CPU plugin's copy in an installed package: fulgurConfig.cmake compiles its path
+  // into each program that finds the package (fulgur_installed_pjrt_cpu_plugin); empty otherwise.
+  std::string installed_cpu_plugin = "";
 
   static PluginLocations built_in();
 };
