@@ -18,8 +18,9 @@ configure: deps $(BUILD)/build.ninja
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
-	$(BUILD)/bin/mnist --data-dir data/mnist $(DEMO_ARGS)
+# Builds only what the demo runs (the library and the mnist example) and times each part.
+demo:
+	@BUILD=$(BUILD) JOBS=$(JOBS) scripts/demo $(DEMO_ARGS)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600

@@ -64,8 +64,8 @@ SAME_MALLOC = "glibc.malloc.mmap_threshold=536870912:glibc.malloc.trim_threshold
 SM = "_same_malloc"
 # The plain PyTorch script (reference.py, eager) run by the bench environment's torch 2.9, the torch
 # Lightning runs on: it splits fulgur / Lightning into the language and the framework (against
-# reference.py on Debian's torch 1.13, the kernels fulgur uses), the torch version's kernels, and
-# Lightning's own cost (against the plain loop on the same torch).
+# reference.py on Debian's torch 1.13, the kernels fulgur used before libtorch 2.11), the torch
+# version's kernels, and Lightning's own cost (against the plain loop on the same torch).
 T29 = "eager_torch29"
 
 
@@ -463,9 +463,9 @@ def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lig
                     summary[f"speedup_vs_{name}_{nproc}proc_{model}_same_malloc"] = r
     print()
     print("== where fulgur's lead over Lightning DDP comes from (medians of per-rep ratios of samples/s; the")
-    print("   product of the three is fulgur / Lightning): C++ against Python on the same kernels (fulgur over")
-    print("   reference.py on Debian's torch 1.13), torch 2.9's kernels over 1.13's (reference.py on each), and")
-    print("   Lightning's Trainer over the plain loop on the same torch 2.9")
+    print("   product of the two is fulgur / Lightning): C++ against Python on nearly the same kernels (fulgur on")
+    print("   libtorch 2.11 over reference.py on the bench's torch 2.9), and Lightning's Trainer over that plain")
+    print("   loop; for reference, torch 2.9's kernels over Debian's 1.13 (reference.py on each)")
     for model in models:
         for nproc in procs:
             if ("ddp", T29, model, nproc) not in ratio or ("ddp", "lightning_ddp", model, nproc) not in ratio:
@@ -474,8 +474,9 @@ def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lig
             f_t = median(ratio[("ddp", T29, model, nproc)])
             f_l = median(ratio[("ddp", "lightning_ddp", model, nproc)])
             # fulgur/e13 over fulgur/e29 is e29/e13; fulgur/L over fulgur/e29 is e29/L.
-            print(f"  {model:7s} {nproc}p  fulgur/plain(1.13) {f_e:5.2f}  plain(2.9)/plain(1.13) {f_e / f_t:5.2f}  "
-                  f"plain(2.9)/Lightning {f_l / f_t:5.2f}  fulgur/Lightning {f_l:5.2f}")
+            print(f"  {model:7s} {nproc}p  fulgur/plain(2.9) {f_t:5.2f}  plain(2.9)/Lightning {f_l / f_t:5.2f}  "
+                  f"fulgur/Lightning {f_l:5.2f}  (plain(2.9)/plain(1.13) {f_e / f_t:5.2f})")
+            summary[f"fulgur_over_plain_torch29_{nproc}proc_{model}"] = f_t
             summary[f"plain_torch29_over_lightning_ddp_{nproc}proc_{model}"] = f_l / f_t
             summary[f"plain_torch29_over_plain_torch113_{nproc}proc_{model}"] = f_e / f_t
     print()

@@ -3,7 +3,8 @@
 # this folder twice: against the installed package (find_package), and with
 # add_subdirectory of the source tree FULGUR_SOURCE_DIR. Every step is
 # bounded by STEP_TIMEOUT seconds and prints its duration.
-#   cmake -DFULGUR_SOURCE_DIR=... -DFULGUR_BUILD_DIR=... -DWORK_DIR=... -DCXX=... [-DCCACHE=...] -P run.cmake
+#   cmake -DFULGUR_SOURCE_DIR=... -DFULGUR_BUILD_DIR=... -DWORK_DIR=... -DCXX=... [-DCCACHE=...]
+#         [-DCOPIES_LIBTORCH=ON] [-DCOPIES_PLUGIN=ON] -P run.cmake
 foreach(v FULGUR_SOURCE_DIR FULGUR_BUILD_DIR WORK_DIR CXX)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "run.cmake needs -D${v}=...")
@@ -42,10 +43,17 @@ file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
 
 step("install" ${CMAKE_COMMAND} --install ${FULGUR_BUILD_DIR} --prefix ${prefix})
-foreach(f lib/libfulgur.a include/fulgur/trainer.h lib/cmake/fulgur/fulgurConfig.cmake
-          lib/cmake/fulgur/fulgurConfigVersion.cmake lib/cmake/fulgur/fulgurTargets.cmake
-          lib/cmake/fulgur/FulgurLibtorch.cmake lib/fulgur/libtorch/lib/libtorch_cpu.so
-          lib/fulgur/libtorch/share/cmake/Torch/TorchConfigVersion.cmake lib/fulgur/pjrt/xla_cpu_pjrt.so)
+# The checkout's libtorch and CPU plugin are copied into the package; ones elsewhere are not.
+set(expected lib/libfulgur.a include/fulgur/trainer.h lib/cmake/fulgur/fulgurConfig.cmake
+             lib/cmake/fulgur/fulgurConfigVersion.cmake lib/cmake/fulgur/fulgurTargets.cmake
+             lib/cmake/fulgur/FulgurLibtorch.cmake)
+if(COPIES_LIBTORCH)
+  list(APPEND expected lib/fulgur/libtorch/lib/libtorch_cpu.so lib/fulgur/libtorch/share/cmake/Torch/TorchConfigVersion.cmake)
+endif()
+if(COPIES_PLUGIN)
+  list(APPEND expected lib/fulgur/pjrt/xla_cpu_pjrt.so)
+endif()
+foreach(f IN LISTS expected)
   if(NOT EXISTS ${prefix}/${f})
     message(FATAL_ERROR "install: ${prefix}/${f} is missing")
   endif()

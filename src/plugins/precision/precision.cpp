@@ -18,7 +18,7 @@ std::string validate_precision(const std::string& name) {
     why = " (float16 autocast needs a GPU, as in Lightning, and fulgur runs on the CPU and xla; for mixed "
           "precision on the CPU use \"bf16-mixed\")";
   } else if (name == "16-true") {
-    why = " (half precision has no matmul kernels on the CPU in libtorch 1.13; use \"bf16-true\")";
+    why = " (float16 weights are not implemented by fulgur yet; use \"bf16-true\")";
   }
   throw std::invalid_argument("precision '" + name + "' is not supported; valid: \"32-true\", \"bf16-mixed\", \"bf16-true\"" +
                               why);

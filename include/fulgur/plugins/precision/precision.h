@@ -86,7 +86,7 @@ class ForwardContext {
 // Lightning). Throws std::invalid_argument naming it and listing "32-true",
 // "bf16-mixed", "bf16-true" for anything else, with the reason for the 16-bit
 // ones: "16-mixed" ("16") is float16 autocast, which Lightning allows only on
-// a GPU; "16-true" has no half-precision matmul kernels on the CPU in libtorch 1.13.
+// a GPU; "16-true" (float16 weights and inputs) is not implemented by fulgur yet.
 std::string validate_precision(const std::string& name);
 
 }  // namespace fulgur
