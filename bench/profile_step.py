@@ -20,7 +20,7 @@ adds a few microseconds per op, so the shares, not the absolute times, are the r
 
 Run it with the interpreter whose torch you want: Debian's /usr/bin/python3 (torch 1.13, the
 kernels fulgur uses) or the bench environment's .venv/bench/bin/python (torch 2.9). For
-fulgur's side (C++, no torch.profiler) use perf on fulgur_bench; bench/RESULTS.md has both.
+fulgur's side (C++, no torch.profiler) use perf on fulgur_bench; bench/history/libtorch-1.13.md has both.
   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 bench/profile_step.py --side plain --model charlm
 """
 import argparse

@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ["mlp", "cnn", "charlm"]
 # Timed steps after the warm-up (which holds every compile: graphs stop after step 4). About a
 # second or more per side: with 200 MLP steps (0.2 s) single tables of the same build read its
-# pjrt/eager ratio anywhere in 1.05-1.28 (bench/RESULTS.md, session 15).
+# pjrt/eager ratio anywhere in 1.05-1.28 (bench/history/libtorch-1.13.md, session 15).
 STEPS = {"mlp": 800, "cnn": 240, "charlm": 80}
 WARMUP = {"mlp": 10, "cnn": 8, "charlm": 6}
 SIDES = ["pjrt", "ts", "cpu"]

@@ -4,7 +4,7 @@
 // stablehlo.custom_call (api_version 4, XLA's typed FFI). XLA:CPU runs a stablehlo.convolution
 // as Eigen's spatial convolution; with these, the rest of the graph stays XLA's, fused as before,
 // and each convolution runs the kernel an eager step runs. Which is faster depends on the
-// machine (bench/RESULTS.md measures both).
+// machine (bench/history/libtorch-1.13.md measures both).
 //
 // Targets (the emitter writes them, xla/stablehlo/emitter.h, EmitOptions::host_convolutions):
 //   kConvolution(input, weight[, bias]) -> output, attributes stride, padding, dilation

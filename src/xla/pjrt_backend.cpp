@@ -55,7 +55,7 @@ void count_bytes(int64_t up, int64_t down) {
 // project's Intel machine the MNIST CNN's step was 0.74x with libtorch's on two workers (session
 // 13) and, on one process with XLA on two threads, 0.93x (session 15; it read 1.28x eager
 // against 1.11x in session 13, before the packed pool, the XNNPACK reductions and the threshold
-// rewrite): bench/RESULTS.md. A plugin of another platform runs XLA's own.
+// rewrite): bench/history/libtorch-1.13.md. A plugin of another platform runs XLA's own.
 const stablehlo::EmitOptions& emit_options() {
   static const stablehlo::EmitOptions options = [] {
     stablehlo::EmitOptions o;

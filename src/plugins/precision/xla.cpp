@@ -36,7 +36,7 @@ void apply_pending_updates(const torch::nn::Module& module, torch::optim::Optimi
 // transpose of a matmul), and the view keeps its base alive: the step's graph
 // would write out the base as well as the view, and copy one into the other.
 // The clone is a value of its own, which XLA computes in place of the base
-// (with gradients set to none: MNIST MLP step 0.89x, bench/RESULTS.md session 13).
+// (with gradients set to none: MNIST MLP step 0.89x, bench/history/libtorch-1.13.md session 13).
 void run_closure(const torch::nn::Module& module, const std::function<void()>& closure) {
   if (!closure) return;
   std::vector<at::Tensor> params = module.parameters();
@@ -60,7 +60,7 @@ void XLAPrecision::optimizer_step(torch::optim::Optimizer& optimizer, const torc
   // marks a step (XLAStrategy::sync_gradients does on several processes, where
   // Gloo needs the gradients): XLA compiles the update into the backward, and a
   // step has one graph to sync and run instead of two (MNIST MLP step 0.88x,
-  // bench/RESULTS.md). With the TorchScript backend the forward and backward
+  // bench/history/libtorch-1.13.md). With the TorchScript backend the forward and backward
   // stay a graph of their own: one graph for the whole step was slower there
   // (charlm 152 against 115 ms, MNIST CNN 95 against 65 ms).
   if (xla::backend().name() != "pjrt") xla::mark_step();

@@ -964,7 +964,7 @@ std::string conv_layout(const char* first, const char* second, size_t spatial) {
 }
 
 // The most kernel taps (product of the kernel's spatial sizes) a convolution of one input
-// feature is written as a shifted sum for: 5x5 is the case measured (bench/RESULTS.md); the
+// feature is written as a shifted sum for: 5x5 is the case measured (bench/history/libtorch-1.13.md); the
 // program grows by six ops per tap.
 constexpr int64_t kMaxShiftedSumTaps = 25;
 
@@ -1026,7 +1026,7 @@ Operand Emitter::conv_as_shifted_sum(const Operand& x, const Operand& w, const D
 // (conv_as_shifted_sum) when it has groups 1, at most kMaxShiftedSumTaps taps and a float32 or
 // float64 result: XLA:CPU runs a stablehlo.convolution as Eigen's spatial convolution, whose
 // contraction over 1 x 5 x 5 values per output is 4-5x slower than the shifted sum's one fused
-// loop on the CNN's conv1 (bench/RESULTS.md, `xla_op_bench`). Other convolutions are one
+// loop on the CNN's conv1 (bench/history/libtorch-1.13.md, `xla_op_bench`). Other convolutions are one
 // stablehlo.convolution in PyTorch's NCHW / OIHW layout (XLA's layout assignment moves the
 // features minor for Eigen by itself).
 void Emitter::convolution(const Node* n) {
@@ -1179,7 +1179,7 @@ void Emitter::max_pool2d_with_indices(const Node* n) {
     // the high half, 0xFFFFFFFF - index in the low half, so that a tie goes to the smaller index.
     // One reduce_window (max) of one result picks both; XLA:CPU splits it over its threads,
     // where the variadic one below runs on one (a tuple-shaped op gets no partitions): the MNIST
-    // CNN's step 0.86x (bench/RESULTS.md, session 14). libtorch takes a NaN over any number and
+    // CNN's step 0.86x (bench/history/libtorch-1.13.md, session 14). libtorch takes a NaN over any number and
     // the last of several NaNs (`val > max || isnan(val)`): every NaN becomes one positive NaN,
     // above +inf, and carries its index itself in the low half, so that the larger one wins.
     const int64_t low_bits = 0xFFFFFFFF, nan_bits = 0x7FC00000;
@@ -1324,7 +1324,7 @@ void Emitter::max_pool2d_with_indices_backward(const Node* n) {
 // threshold can be applied to g against the pooled values first, at a quarter of the size, and
 // the result is the same element for element. What it saves: the unfused form reads x again, and
 // XLA recomputes x there when x is its own elementwise work (the CNN's conv1 on XLA's own
-// convolutions, a sum of 25 shifted windows, once more per step; bench/RESULTS.md, session 15).
+// convolutions, a sum of 25 shifted windows, once more per step; bench/history/libtorch-1.13.md, session 15).
 std::optional<Operand> Emitter::threshold_before_pool_backward(const Node* n) {
   static const c10::Symbol kPool = c10::Symbol::fromQualString("aten::max_pool2d_with_indices");
   static const c10::Symbol kPoolBackward = c10::Symbol::fromQualString("aten::max_pool2d_with_indices_backward");
@@ -1612,7 +1612,7 @@ Emission Emitter::run() {
     // graph reads elsewhere too (a weight, read by the forward and backward as well as by its
     // update) makes XLA order those reads first or copy it; on the MNIST CNN aliasing the
     // weights as well made the step 1.05x slower, the optimizer state alone 0.97x
-    // (bench/RESULTS.md, session 14).
+    // (bench/history/libtorch-1.13.md, session 14).
     if (graph_.inputs()[a.input]->uses().size() != 1) continue;
     alias_of[a.input] = static_cast<int64_t>(a.result);
     result_taken[a.result] = true;
