@@ -420,7 +420,6 @@ int main(int argc, char** argv) {
     });
     const double opt = median_ms(warmup, reps, [&] {
       adam.step();
-      if (xla) fulgur::xla::apply_pending_updates(model->parameters());
       sync(model->conv1->weight);
     });
     std::printf("CNN graphs, %-5s: forward %.3f ms, forward+backward %.3f ms, optimizer %.3f ms",
@@ -429,7 +428,6 @@ int main(int argc, char** argv) {
       // The optimizer's host side alone: tracing Adam's in-place ops without running them.
       const double trace = median_ms(warmup, reps, [&] {
         adam.step();
-        fulgur::xla::apply_pending_updates(model->parameters());
       });
       sync(model->conv1->weight);
       std::printf(" (tracing alone %.3f ms)", trace);

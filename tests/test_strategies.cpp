@@ -77,19 +77,26 @@ struct Checked : TinyRegression {
     check(n == trainer()->world_size() && n > 1, "world size after launch");
     check(start_method == "spawn" ? g_test_body_pid == getpid() : g_test_body_pid == getppid(),
           "the worker was started by " + start_method);
-    auto sum = s.reduce(torch::tensor(r), "sum");
-    check(sum.item<double>() == n * (n - 1) / 2.0, "reduce sum");
-    check(s.reduce(torch::tensor(r), "AVG").item<double>() == (n - 1) / 2.0, "reduce avg");
-    check(s.reduce(torch::tensor(r), "max").item<double>() == n - 1, "reduce max");
+    // On the strategy's device: xla devices are lazy tensors, which reduce and all_gather's
+    // backward update in place (libtorch 1.13 read a detached row of such a tensor as all of it).
+    const c10::Device dev = s.root_device();
+    auto sum = s.reduce(torch::tensor(r).to(dev), "sum");
+    check(sum.device() == dev && sum.item<double>() == n * (n - 1) / 2.0, "reduce sum");
+    check(s.reduce(torch::tensor(r).to(dev), "AVG").item<double>() == (n - 1) / 2.0, "reduce avg");
+    check(s.reduce(torch::tensor(r).to(dev), "max").item<double>() == n - 1, "reduce max");
     check(s.Strategy::reduce(c10::IValue(std::string("text")), "sum").toStringRef() == "text", "non-tensor passes");
-    auto g = s.all_gather(torch::full({2}, r));
+    auto g = s.all_gather(torch::full({2}, r).to(dev));
     check(g.sizes() == c10::IntArrayRef({n, 2}), "all_gather shape");
     // sync_grads: d/dx_r of sum_k w_k * gathered_k, summed over ranks = n * w_r.
-    auto x = torch::full({2}, r + 1, torch::requires_grad());
-    auto gathered = s.all_gather(x, true);
-    auto w = torch::arange(1, n + 1, torch::kFloat32).view({n, 1});
-    (gathered * w).sum().backward();
-    check(torch::allclose(x.grad(), torch::full({2}, static_cast<float>(n * (r + 1)))), "all_gather sync_grads");
+    for (const c10::Device d : {c10::Device(torch::kCPU), dev}) {
+      auto x = torch::full({2}, r + 1).to(d).requires_grad_();
+      auto gathered = s.all_gather(x, true);
+      auto w = torch::arange(1, n + 1, torch::kFloat32).view({n, 1}).to(d);
+      (gathered * w).sum().backward();
+      check(x.grad().sizes() == c10::IntArrayRef({2}) &&
+                torch::allclose(x.grad().cpu(), torch::full({2}, static_cast<float>(n * (r + 1)))),
+            "all_gather sync_grads on " + d.str());
+    }
     auto b = s.broadcast(c10::IValue(std::string(static_cast<size_t>(r) + 1, 'x')), 1);
     check(b.toStringRef() == "xx", "broadcast from rank 1");
     s.barrier("fit-start");

@@ -166,8 +166,9 @@ TEST(Xla, OpsThatFallBackToTheCpuAreCounted) {
 
 TEST(Xla, InPlaceUpdatesDoNotAccumulateLiveTensors) {
   // Adam and BatchNorm update tensors in place every step; in libtorch 1.13
-  // functionalization keeps every old value alive unless fulgur applies the
-  // pending updates, and each mark_step gets slower. Count live lazy tensors.
+  // functionalization kept every old value alive unless the pending updates
+  // were applied, and each mark_step got slower. fulgur no longer applies them
+  // (libtorch 2.x keeps none). Count live lazy tensors.
   struct Counting : Net {
     void on_train_batch_end(const StepOutput& out, const Batch& b, int64_t i) override {
       Net::on_train_batch_end(out, b, i);

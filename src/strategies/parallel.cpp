@@ -21,11 +21,9 @@ namespace {
 // all_gather whose backward sums, over ranks, the gradient flowing into this
 // rank's slice (torch.distributed.nn.functional.all_gather).
 //
-// The backward reduces a CPU copy and returns a tensor of its own, never a
-// view of the reduced buffer: AccumulateGrad detaches the gradient it keeps,
-// and in libtorch 1.13 the detached view of a lazy tensor that was updated
-// in place reads as its whole base (x.grad of shape [2] held the [world, 2]
-// sum). On the CPU a view would keep the [world, ...] buffer alive as x.grad.
+// The backward returns a tensor of its own, not a view of the reduced buffer:
+// AccumulateGrad keeps the gradient, and a view would keep the [world, ...]
+// buffer alive as x.grad.
 struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, Collectives* c) {
     ctx->saved_data["collectives"] = reinterpret_cast<int64_t>(c);
@@ -34,9 +32,9 @@ struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* c = reinterpret_cast<Collectives*>(ctx->saved_data["collectives"].toInt());
-    at::Tensor g = grads[0].to(torch::kCPU).contiguous().clone();
+    at::Tensor g = grads[0].contiguous().clone();
     c->all_reduce(g, ReduceOp::kSum);
-    return {g.select(0, c->rank()).clone().to(grads[0].device()), at::Tensor()};
+    return {g.select(0, c->rank()).clone(), at::Tensor()};
   }
 };
 
@@ -153,12 +151,9 @@ void ParallelStrategy::teardown() {
 at::Tensor ParallelStrategy::reduce(const at::Tensor& tensor, const std::string& reduce_op) {
   const ReduceOp op = parse_reduce_op(reduce_op);
   if (!collectives_) return Strategy::reduce(tensor, reduce_op);
-  // Reduced on a CPU copy and moved back as a new tensor: a lazy tensor
-  // updated in place (all_reduce's copy_) gives wrong detached views in
-  // libtorch 1.13 (see AllGatherFn).
-  at::Tensor out = tensor.detach().to(torch::kCPU).clone();
-  collectives_->all_reduce(out, op);
-  return out.to(tensor.device());
+  at::Tensor out = tensor.detach().clone();
+  collectives_->all_reduce(out, op);  // stages other devices through the CPU
+  return out;
 }
 
 at::Tensor ParallelStrategy::all_gather(const at::Tensor& tensor, bool sync_grads) {

@@ -81,15 +81,13 @@ Backend& backend();
 bool backend_started();
 void mark_step();
 
-// Drops the history of in-place updates that functionalization keeps for each
-// of `tensors` (lazy tensors; others are skipped). In libtorch 1.13 every
-// in-place op on a lazy tensor (an optimizer's p.add_, exp_avg.mul_, a
-// BatchNorm running_mean update) appends the new value to a list that is only
-// applied when a view of the tensor is read; without views it is never
-// cleared. The old values stay live lazy tensors, and every mark_step walks
-// all live tensors, so a step got slower with every step (measured: an Adam
-// CNN from 71 to 123 ms in 600 steps). Call it on long-lived tensors
-// (parameters, grads, buffers, optimizer state) once per step.
+// Applies the in-place updates that functionalization keeps pending for each
+// of `tensors` (lazy tensors; others are skipped). libtorch 1.13 kept every
+// in-place op's new value until a view of the tensor was read, so each step
+// left live lazy tensors behind and mark_step slowed down step by step; fulgur
+// called this once per step then. libtorch 2.x does not keep them
+// (Xla.InPlaceUpdatesDoNotAccumulateLiveTensors checks the live count without
+// it), and fulgur no longer calls it; it stays for programs that do.
 void apply_pending_updates(const std::vector<at::Tensor>& tensors);
 
 // These do not start the backend: before it starts, metrics() is all zeros,

@@ -12,24 +12,6 @@
 namespace fulgur {
 namespace {
 
-// The module's parameters, their grads, its buffers and the optimizer's state
-// tensors, whose functionalization history is dropped once per step.
-void apply_pending_updates(const torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
-  std::vector<at::Tensor> ts;
-  for (const auto& p : module.parameters()) {
-    ts.push_back(p);
-    ts.push_back(p.grad());
-  }
-  for (const auto& b : module.buffers()) ts.push_back(b);
-  for (const auto& [key, state] : optimizer.state()) {
-    detail::map_state_tensors(*state, [&](const at::Tensor& t) {
-      ts.push_back(t);
-      return t;
-    });
-  }
-  xla::apply_pending_updates(ts);
-}
-
 // Runs the closure, then gives each gradient that autograd handed over to a
 // parameter without one a tensor of its own. Such a gradient is the backward's
 // own tensor, on a lazy device often a view (a weight's gradient is the
@@ -66,7 +48,6 @@ void XLAPrecision::optimizer_step(torch::optim::Optimizer& optimizer, const torc
   if (xla::backend().name() != "pjrt") xla::mark_step();
   if (before_step) before_step();
   update(optimizer);
-  apply_pending_updates(module, optimizer);
   xla::mark_step();
 }
 
