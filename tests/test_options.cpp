@@ -234,3 +234,21 @@ TEST(Build, FulgursProgramsAllocateWithTcmalloc) {
   }
 }
 #endif
+
+// The filename template's formats are Python's, as Lightning users write them ({epoch:02d} gives
+// epoch=01); a format that is not one of them is refused when the callback is made (it used to go
+// into printf: {val_loss:d} was undefined behaviour and {x:n} wrote memory).
+TEST(Options, ModelCheckpointFilenameTakesLightningsFormatsAndRefusesOthers) {
+  ModelCheckpoint c(ModelCheckpointOptions().filename("{epoch:02d}-{step:05d}-{val_loss:.3f}-{acc:8.2e}-{x}-{y:G}"));
+  EXPECT_EQ(c.format_name(1, 42, {{"val_loss", 0.12345}, {"acc", 0.5}, {"x", 2.0}, {"y", 1e300 * 1e300}}),
+            "epoch=01-step=00042-val_loss=0.123-acc=5.00e-01-x=2.0000-y=INF");
+  EXPECT_EQ(ModelCheckpoint(ModelCheckpointOptions().filename("{val_loss:.20f}")).format_name(0, 0, {{"val_loss", 1e40}}).size(),
+            std::string("val_loss=").size() + 41 + 1 + 20);  // no fixed-size buffer cuts it
+  for (const std::string bad : {"{val_loss:d}", "{x:n}", "{x:%n}", "{x:s}", "{epoch:.2f}", "{step:x}", "{x:1000f}",
+                                "{x:.3}", "{x:>8.3f}"}) {
+    SCOPED_TRACE(bad);
+    const std::string spec = bad.substr(bad.find(':') + 1, bad.size() - bad.find(':') - 2);
+    expect_invalid([&] { ModelCheckpoint m(ModelCheckpointOptions().filename(bad)); }, {"'" + spec + "'", "is not allowed"});
+  }
+  expect_invalid([] { ModelCheckpoint m(ModelCheckpointOptions().filename("{epoch")); }, {"unclosed '{'"});
+}

@@ -13,6 +13,9 @@
 #include <regex>
 #include <sstream>
 #include <stdexcept>
+#include <string>
+#include <variant>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -50,8 +53,91 @@ std::string regex_escaped(const std::string& s) {
 
 }  // namespace
 
+namespace {
+
+// A field of the filename template and its format spec, in the part of Python's format-spec
+// language Lightning users write: epoch and step take "[0][width]d" ({epoch:02d} gives
+// epoch=01), a metric "[0][width][.precision]" and one of e, E, f, F, g, G ({val_loss:.3f}). The
+// printf format is built from the parsed numbers, never from the user's text.
+struct Field {
+  std::string name;
+  bool integer = false;  // epoch or step
+  bool zero = false;
+  int width = 0;
+  int precision = -1;
+  char conv = 'f';
+};
+
+Field parse_field(const std::string& text, const std::string& tpl) {
+  Field f;
+  std::string spec;
+  const size_t colon = text.find(':');
+  f.name = text.substr(0, colon);
+  if (colon != std::string::npos) spec = text.substr(colon + 1);
+  f.integer = f.name == "epoch" || f.name == "step";
+  if (f.name.empty()) throw std::invalid_argument("ModelCheckpoint: filename '" + tpl + "' has an empty field '{}'");
+  if (spec.empty()) {
+    if (!f.integer) f.precision = 4;  // {val_loss} is val_loss=0.1234
+    return f;
+  }
+  static const std::regex int_spec(R"((0?)([0-9]{0,2})d)"), float_spec(R"((0?)([0-9]{0,2})(?:\.([0-9]{1,2}))?([eEfFgG]))");
+  std::smatch m;
+  if (f.integer ? std::regex_match(spec, m, int_spec) : std::regex_match(spec, m, float_spec)) {
+    f.zero = m[1].length() > 0;
+    f.width = m[2].length() ? std::stoi(m[2]) : 0;
+    if (!f.integer) {
+      f.precision = m[3].matched ? std::stoi(m[3]) : -1;
+      f.conv = m[4].str()[0];
+    }
+    return f;
+  }
+  throw std::invalid_argument("ModelCheckpoint: filename '" + tpl + "': the format '" + spec + "' of '" + f.name +
+                              "' is not allowed; " +
+                              (f.integer ? "epoch and step take an integer format [0][width]d, e.g. {" + f.name + ":02d}"
+                                         : "a metric takes a float format [0][width][.precision] and one of e E f F g "
+                                           "G, e.g. {" + f.name + ":.3f}"));
+}
+
+// The template's literal text and fields in order; throws for an unclosed '{' or a bad format.
+std::vector<std::variant<std::string, Field>> parse_template(const std::string& tpl) {
+  std::vector<std::variant<std::string, Field>> parts;
+  size_t i = 0;
+  while (i < tpl.size()) {
+    const size_t open = tpl.find('{', i);
+    if (open != i) parts.emplace_back(tpl.substr(i, open == std::string::npos ? std::string::npos : open - i));
+    if (open == std::string::npos) break;
+    const size_t close = tpl.find('}', open);
+    if (close == std::string::npos) throw std::invalid_argument("ModelCheckpoint: filename '" + tpl + "' has an unclosed '{'");
+    parts.emplace_back(parse_field(tpl.substr(open + 1, close - open - 1), tpl));
+    i = close + 1;
+  }
+  return parts;
+}
+
+std::string formatted(const Field& f, double metric, int64_t integer) {
+  std::string fmt = "%";
+  if (f.zero) fmt += "0";
+  if (f.width > 0) fmt += std::to_string(f.width);
+  if (f.integer) {
+    fmt += "lld";
+  } else {
+    if (f.precision >= 0) fmt += "." + std::to_string(f.precision);
+    fmt += f.conv;
+  }
+  const int n = f.integer ? std::snprintf(nullptr, 0, fmt.c_str(), static_cast<long long>(integer))
+                          : std::snprintf(nullptr, 0, fmt.c_str(), metric);
+  std::string out(static_cast<size_t>(std::max(n, 0)) + 1, '\0');
+  if (f.integer) std::snprintf(out.data(), out.size(), fmt.c_str(), static_cast<long long>(integer));
+  else std::snprintf(out.data(), out.size(), fmt.c_str(), metric);
+  out.resize(static_cast<size_t>(std::max(n, 0)));
+  return out;
+}
+
+}  // namespace
+
 ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std::move(options)) {
   detail::check_monitor_mode("ModelCheckpoint", options_.mode());
+  parse_template(options_.filename());  // a bad template fails here, not at the first save
   if (options_.save_top_k() < -1) {
     throw std::invalid_argument("ModelCheckpoint: save_top_k=" + std::to_string(options_.save_top_k()) +
                                 " is invalid; use -1 (all), 0 (none) or a count");
@@ -113,7 +199,7 @@ bool ModelCheckpoint::has_own_name(const std::string& relative) const {
     if (close == std::string::npos) return false;
     std::string field = tpl.substr(open + 1, close - open - 1);
     field = field.substr(0, field.find(':'));
-    re += regex_escaped(field) + (field == "epoch" || field == "step" ? "=-?[0-9]+" : "=[-+0-9.eEinfa]+");
+    re += regex_escaped(field) + (field == "epoch" || field == "step" ? "= *-?[0-9]+" : "=[-+0-9.eEinfaINFA ]+");
     i = close + 1;
   }
   re += R"((-v[0-9]+)?\.ckpt)";
@@ -148,35 +234,15 @@ void ModelCheckpoint::remove_orphans(Trainer& trainer) {
 }
 
 std::string ModelCheckpoint::format_name(int64_t epoch, int64_t step, const std::map<std::string, double>& metrics) const {
-  const std::string& tpl = options_.filename();
   std::string out;
-  size_t i = 0;
-  while (i < tpl.size()) {
-    if (tpl[i] != '{') {
-      out += tpl[i++];
+  for (const auto& part : parse_template(options_.filename())) {
+    if (const auto* text = std::get_if<std::string>(&part)) {
+      out += *text;
       continue;
     }
-    const size_t close = tpl.find('}', i);
-    if (close == std::string::npos) {
-      throw std::invalid_argument("ModelCheckpoint: filename '" + tpl + "' has an unclosed '{'");
-    }
-    std::string field = tpl.substr(i + 1, close - i - 1);
-    std::string spec;
-    if (auto colon = field.find(':'); colon != std::string::npos) {
-      spec = field.substr(colon + 1);
-      field = field.substr(0, colon);
-    }
-    char buf[64];
-    if (field == "epoch" || field == "step") {
-      std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(field == "epoch" ? epoch : step));
-    } else {
-      auto it = metrics.find(field);
-      const double v = it == metrics.end() ? 0.0 : it->second;
-      const std::string fmt = "%" + (spec.empty() ? std::string(".4f") : spec);
-      std::snprintf(buf, sizeof(buf), fmt.c_str(), v);
-    }
-    out += field + "=" + buf;
-    i = close + 1;
+    const Field& f = std::get<Field>(part);
+    const auto it = metrics.find(f.name);
+    out += f.name + "=" + formatted(f, it == metrics.end() ? 0.0 : it->second, f.name == "epoch" ? epoch : step);
   }
   return out;
 }

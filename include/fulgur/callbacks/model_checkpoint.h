@@ -18,8 +18,10 @@ namespace fulgur {
 struct ModelCheckpointOptions {
   // Folder; default: <log_dir>/checkpoints, or <default_root_dir>/checkpoints without a logger.
   TORCH_ARG(std::string, dirpath) = "";
-  // Name template: {epoch}, {step} and any logged metric, e.g. "{epoch}-{val_loss:.3f}".
-  // Each field becomes "name=value" (Lightning's auto_insert_metric_name).
+  // Name template: {epoch}, {step} and any logged metric, e.g. "{epoch:02d}-{val_loss:.3f}".
+  // Each field becomes "name=value" (Lightning's auto_insert_metric_name). Formats, as Python
+  // writes them: epoch and step "[0][width]d", a metric "[0][width][.precision]" and one of
+  // e E f F g G (default .4f); any other is refused by the constructor (std::invalid_argument).
   TORCH_ARG(std::string, filename) = "{epoch}-{step}";
   // Metric to rank checkpoints by; empty keeps the most recent ones.
   TORCH_ARG(std::string, monitor) = "";
