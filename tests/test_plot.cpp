@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -99,4 +100,36 @@ TEST(Plot, AFileWithoutAStepColumnIsNamed) {
   const std::string out = run(fulgur::testing::program("fulgur-plot") + " " + dir.path, &status);
   EXPECT_NE(status, 0);
   EXPECT_THAT(out, HasSubstr(dir.path + "/metrics.csv\" has no step column"));
+}
+
+// Plotting someone else's metrics.csv runs nothing: column names and the run's folder with
+// gnuplot's `backquotes`, quotes and a system() call are drawn as text, and a cell that is not a
+// number (a data line "EOD" would end gnuplot's inline data, and the next line would run as a
+// command) makes it refuse the file, naming the cell.
+TEST(Plot, NamesAndCellsOfAHostileFileRunNothing) {
+  TempDir dir;
+  const std::string marker = dir.path + "/ran";
+  const std::string folder = dir.path + "/run`touch " + marker + "1`\"'";
+  std::filesystem::create_directories(folder);
+  std::ofstream(folder + "/metrics.csv")
+      << "step,loss`touch " << marker << "2`,\"acc\" . system(\"touch " << marker << "3\"),x'; system('touch " << marker
+      << "4'); '\n"
+      << "1,0.5,0.1,1\n2,0.4,0.2,2\n";
+  int status = 0;
+  std::string quoted_folder = "'";  // for sh: ' becomes '\''
+  for (char c : folder) quoted_folder += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  std::string out = run(fulgur::testing::program("fulgur-plot") + " " + quoted_folder + "'", &status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_THAT(out, HasSubstr("fulgur-plot: drew loss`touch " + marker + "2` (2 points)"));
+  EXPECT_TRUE(std::filesystem::exists(folder + "/metrics.png")) << out;
+
+  for (const std::string cell : {std::string("EOD"), "1; system('touch " + marker + "5')", "`touch " + marker + "6`", std::string("nan")}) {
+    SCOPED_TRACE(cell);
+    std::ofstream(dir.path + "/metrics.csv") << "step,loss\n1,0.5\n2," << cell << "\nplot system('touch " << marker
+                                            << "7')\n3,0.3\n";
+    out = run(fulgur::testing::program("fulgur-plot") + " " + dir.path, &status);
+    EXPECT_NE(status, 0) << out;
+    EXPECT_THAT(out, HasSubstr("line 3, column 'loss': '" + cell + "' is not a finite number"));
+  }
+  for (int i = 1; i <= 7; ++i) EXPECT_FALSE(std::filesystem::exists(marker + std::to_string(i))) << "ran command " << i;
 }

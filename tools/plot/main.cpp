@@ -12,11 +12,15 @@
 
 #include <sys/wait.h>
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -50,10 +54,33 @@ std::string panel_of(std::string name) {
   return name;
 }
 
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) out += c == '"' || c == '\\' ? std::string("\\") + c : std::string(1, c);
-  return out + "\"";
+// A gnuplot string that is only text, whatever `s` holds: single quotes, where gnuplot expands
+// no `backquoted` command and no escape, a quote doubled, and control characters (a newline
+// would end the command) shown as '?'. A column name or a folder from someone else's
+// metrics.csv must not run anything. (Not named `quoted`: for a non-const std::string, ADL
+// would pick std::quoted, which double-quotes, and gnuplot expands backquotes there.)
+std::string gnuplot_string(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') out += "''";
+    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) out += '?';
+    else out += c;
+  }
+  return out + "'";
+}
+
+// The cell as a number written by us (so nothing of the file's text reaches gnuplot's data
+// blocks, where a line "EOD" would end the block and the next line run as a command), or
+// nullopt if the cell is not a number.
+std::optional<std::string> number(const std::string& cell) {
+  const char* begin = cell.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(begin, &end);
+  if (cell.empty() || end != begin + cell.size() || !std::isfinite(v)) return std::nullopt;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return std::string(buf);
 }
 
 }  // namespace
@@ -92,12 +119,19 @@ int main(int argc, char** argv) {
   }
   // Column -> "step value" lines, in file order.
   std::map<std::string, std::vector<std::string>> points;
+  int row = 1;
   for (std::string line; std::getline(in, line);) {
+    ++row;
     const auto cells = split(line);
     if (static_cast<int>(cells.size()) <= step_col || cells[step_col].empty()) continue;
     for (size_t i = 0; i < cols.size() && i < cells.size(); ++i) {
-      if (cols[i] == "step" || cols[i] == "epoch" || cells[i].empty()) continue;
-      points[cols[i]].push_back(cells[step_col] + " " + cells[i]);
+      if (cols[i] == "epoch" || cells[i].empty()) continue;
+      if (!number(cells[i])) {
+        std::cerr << "fulgur-plot: " << csv << ", line " << row << ", column '" << cols[i] << "': '" << cells[i]
+                  << "' is not a finite number (CSVLogger writes numbers only)\n";
+        return 1;
+      }
+      if (cols[i] != "step") points[cols[i]].push_back(*number(cells[step_col]) + " " + *number(cells[i]));
     }
   }
   std::map<std::string, std::vector<std::string>> panels;  // panel -> its series
@@ -108,9 +142,9 @@ int main(int argc, char** argv) {
   }
 
   std::ostringstream script;
-  script << "set terminal pngcairo size " << width << "," << height << " font \",10\"\n"
+  script << "set terminal pngcairo size " << width << "," << height << " font ',10'\n"
          << "set termoption noenhanced\n"
-         << "set output " << quoted(output) << "\n";
+         << "set output " << gnuplot_string(output) << "\n";
   int block = 0;
   std::map<std::string, std::string> block_of;
   for (const auto& [name, p] : points) {
@@ -119,14 +153,14 @@ int main(int argc, char** argv) {
     for (const auto& line : p) script << line << "\n";
     script << "EOD\n";
   }
-  script << "set multiplot layout " << panels.size() << ",1 title " << quoted(csv.parent_path().string()) << "\n"
-         << "set grid\nset key outside right\nset xlabel \"step\"\n";
+  script << "set multiplot layout " << panels.size() << ",1 title " << gnuplot_string(csv.parent_path().string()) << "\n"
+         << "set grid\nset key outside right\nset xlabel 'step'\n";
   for (const auto& [panel, series] : panels) {
-    script << "set title " << quoted(panel) << "\nplot ";
+    script << "set title " << gnuplot_string(panel) << "\nplot ";
     for (size_t i = 0; i < series.size(); ++i) {
       const bool one_point = points[series[i]].size() == 1;
       script << (i ? ", " : "") << block_of[series[i]] << " using 1:2 with " << (one_point ? "points pointtype 7 pointsize 1.5" : "linespoints")
-             << " title " << quoted(series[i]);
+             << " title " << gnuplot_string(series[i]);
     }
     script << "\n";
   }
