@@ -905,3 +905,41 @@ TEST(Strategies, AStrategyWithoutATrainerRunsCollectivesOnceLaunched) {
   EXPECT_TRUE(torch::equal(d.at("gathered").toTensor(), torch::tensor({{0.0f}, {1.0f}})));
   EXPECT_EQ(d.at("from_rank_1").toInt(), 10);
 }
+
+namespace {
+
+// Manual optimization with two backwards (each on half the batch, half the loss) before one step.
+struct TwoBackwardsPerStep : TinyRegression {
+  TwoBackwardsPerStep() { set_automatic_optimization(false); }
+  StepOutput training_step(const Batch& b, int64_t) override {
+    auto opt = optimizers().at(0);
+    opt.zero_grad();
+    const int64_t half = b.data.size(0) / 2;
+    for (int64_t part = 0; part < 2; ++part) {
+      const auto x = b.data.narrow(0, part * half, half), y = b.target.narrow(0, part * half, half);
+      manual_backward(torch::mse_loss(forward(x), y) / 2);
+    }
+    opt.step();
+    return {};
+  }
+};
+
+}  // namespace
+
+// Issue 32, A2: the bucket reducer took a parameter's first gradient and ignored the second
+// backward's, so DDP with two manual_backward calls per step trained on half of each batch.
+// Two ranks must end where one process with the whole batch does.
+TEST(Strategies, DdpManualOptimizationSyncsEveryBackwardsGradient) {
+  TempDir dir;
+  torch::manual_seed(0);
+  TwoBackwardsPerStep two;
+  torch::manual_seed(0);
+  TinyRegression one;
+  Trainer t2(opts(dir.path, "cpu", "ddp", 2).max_epochs(2).enable_checkpointing(false));
+  t2.fit(two, loader(64, 4));
+  Trainer t1(opts(dir.path, "cpu", "single_device", 1).max_epochs(2).enable_checkpointing(false));
+  t1.fit(one, loader(64, 8));
+  EXPECT_EQ(t2.global_step(), 16);
+  EXPECT_TRUE(torch::allclose(flat_params(two), flat_params(one), 1e-5, 1e-6))
+      << flat_params(two) << "\n" << flat_params(one);
+}

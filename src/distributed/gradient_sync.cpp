@@ -120,6 +120,19 @@ class BucketReducer : public GradientSync {
   void finalize() override {
     if (!enabled_) return;
     ScopedTimer timer(seconds_);
+    if (restart_) {
+      // Several backwards since the last sync (manual optimization): what the buckets
+      // hold is the first one's. Their reductions are waited for and dropped, and
+      // every bucket is filled again from p.grad, which holds every backward's.
+      for (size_t b = 0; b < next_; ++b) {
+        buckets_[b].pending->wait();
+        buckets_[b].pending.reset();
+      }
+      for (auto& b : buckets_) b.ready = 0;
+      next_ = 0;
+      seen_.assign(params_.size(), false);
+      restart_ = false;
+    }
     // A parameter that got no gradient in this backward contributes the
     // gradient it holds (accumulated by earlier micro-batches), or zeros.
     for (size_t k = 0; k < params_.size(); ++k)
@@ -145,6 +158,12 @@ class BucketReducer : public GradientSync {
   void on_grad(size_t k, const at::Tensor& grad) {
     if (!enabled_) return;
     ScopedTimer timer(seconds_);
+    // A second gradient for a parameter before the sync: another backward (two
+    // manual_backward calls before one step). finalize() then reduces p.grad.
+    if (restart_ || seen_[k]) {
+      restart_ = true;
+      return;
+    }
     // What p.grad will hold once this gradient is accumulated.
     const auto& p = params_[k];
     at::Tensor total = p.grad().defined() ? p.grad() + grad : grad;
@@ -182,6 +201,7 @@ class BucketReducer : public GradientSync {
   std::vector<unsigned> hooks_;
   std::vector<bool> seen_;
   size_t next_ = 0;
+  bool restart_ = false;  // a parameter got a second gradient since the last finalize()
 };
 
 class StepReducer : public GradientSync {
