@@ -1252,3 +1252,58 @@ TEST(Signals, SecondSigintEndsASingleProcessAtOnce) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 130);
 }
+
+namespace {
+
+// SGD with a StepLR stepped per epoch (halving every 2 epochs); rank 0 writes each epoch's
+// starting rate to `lr_log`.
+struct EpochScheduled : fulgur::testing::TinyRegression {
+  explicit EpochScheduled(std::string log) : lr_log(std::move(log)) {}
+  OptimizerConfig configure_optimizers() override {
+    sgd = std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+    return OptimizerConfig({sgd}, {SchedulerConfig(std::make_shared<torch::optim::StepLR>(*sgd, 2, 0.5))});
+  }
+  void on_train_epoch_start() override {
+    if (trainer()->is_global_zero())
+      std::ofstream(lr_log, std::ios::app) << current_epoch() << " " << sgd->param_groups()[0].options().get_lr() << "\n";
+  }
+  std::string lr_log;
+  std::shared_ptr<torch::optim::SGD> sgd;
+};
+
+// Fits to `max_epochs` (from `ckpt` if given) with last.ckpt in `dir`/ck; returns the parameters.
+torch::Tensor fit_epochs(const std::string& dir, const std::string& lr_log, int64_t devices, int64_t max_epochs,
+                         const std::string& ckpt) {
+  torch::manual_seed(3);
+  EpochScheduled m(lr_log);
+  Trainer t(TrainerOptions().accelerator("cpu").devices(devices).strategy(devices > 1 ? "ddp" : "auto")
+                .max_epochs(max_epochs).default_root_dir(dir).enable_progress_bar(false).num_sanity_val_steps(0)
+                .logger(false).callbacks({std::make_shared<ModelCheckpoint>(
+                    ModelCheckpointOptions().dirpath(dir + "/ck").save_last(true))}));
+  auto data = [] { return std::make_shared<DataLoader>(fulgur::testing::regression_data(32), DataLoaderOptions(4)); };
+  t.fit(m, data(), data(), ckpt);
+  std::vector<torch::Tensor> flat;
+  for (const auto& p : m.parameters()) flat.push_back(p.detach().reshape({-1}));
+  return torch::cat(flat);
+}
+
+}  // namespace
+
+// Issue 32, A1: last.ckpt is written at validation end, before the epoch's scheduler step, and
+// the resumed run did not take that step: its rate stayed one step behind. Fit 6 epochs, and 3 +
+// a resume to 6: every epoch starts at the same rate and the parameters end the same, on one
+// process and on two.
+TEST(Resume, APerEpochScheduleContinuesExactlyAsTheUninterruptedRun) {
+  for (const int64_t devices : {1, 2}) {
+    SCOPED_TRACE("devices " + std::to_string(devices));
+    TempDir full, part;
+    const torch::Tensor want = fit_epochs(full.path, full.path + "/lr.txt", devices, 6, "");
+    fit_epochs(part.path, part.path + "/lr.txt", devices, 3, "");
+    const torch::Tensor got = fit_epochs(part.path, part.path + "/lr.txt", devices, 6, part.path + "/ck/last.ckpt");
+    EXPECT_EQ(read_file(part.path + "/lr.txt"), read_file(full.path + "/lr.txt"));
+    // libtorch's StepLR(2) halves at its 3rd, 5th, ... step() (Python's one epoch earlier).
+    EXPECT_EQ(read_file(full.path + "/lr.txt"), "0 0.1\n1 0.1\n2 0.1\n3 0.05\n4 0.05\n5 0.025\n")
+        << "the uninterrupted run's schedule";
+    EXPECT_TRUE(torch::allclose(got, want, 1e-6, 1e-7)) << got << "\n" << want;
+  }
+}

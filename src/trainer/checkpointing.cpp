@@ -74,6 +74,7 @@ Checkpoint TrainerImpl::dump_checkpoint() {
   loop.insert("epoch", current_epoch);
   loop.insert("batches_done", epoch_batches_done);
   loop.insert("epoch_finished", epoch_finished);
+  loop.insert("epoch_schedulers_stepped", epoch_schedulers_stepped);
   loop.insert("global_step", global_step);
   loop.insert("world_size", strategy->world_size());
   auto loops = fulgur::make_dict();
@@ -183,7 +184,18 @@ void TrainerImpl::restore(const std::string& path) {
   global_step = check_count(step, where, "loops.fit_loop.global_step", kMaxLoopCount, "no run gets that far");
   epoch_batches_done = check_count(batches_done, where, "loops.fit_loop.batches_done", train_source->num_batches(),
                                    "the batches of one epoch of this run's training loader");
+  // A checkpoint of a finished epoch written before the per-epoch schedulers stepped (last.ckpt
+  // at validation end): the resumed run takes that step below, as the uninterrupted run did.
+  // Older checkpoints do not say; ModelCheckpoint wrote them before the step.
+  bool pending_epoch_step = false;
   if (epoch_finished) {
+    // loops.fit_loop is a dict: epoch_finished was read from it.
+    const auto fit_loop = ckpt.at("loops").toGenericDict().at("fit_loop").toGenericDict();
+    const bool stepped = fit_loop.contains("epoch_schedulers_stepped") &&
+                         checkpoint_entry(ckpt, {"loops", "fit_loop", "epoch_schedulers_stepped"}, where,
+                                          c10::BoolType::get())
+                             .toBool();
+    pending_epoch_step = !stepped;
     ++current_epoch;
     epoch_batches_done = 0;
   }
@@ -207,6 +219,16 @@ void TrainerImpl::restore(const std::string& path) {
   for (size_t i = 0; i < opts.size(); ++i) {
     load_optimizer_state_dict(*cfg.optimizers[i], opts.get(i), where + ", optimizer " + std::to_string(i));
     optimizer_state_to_params_device(*cfg.optimizers[i]);
+  }
+  if (pending_epoch_step) {
+    // The step the finished epoch's end took after the checkpoint (step_schedulers("epoch")
+    // with current_epoch still that epoch), after the optimizers' rates are restored.
+    for (size_t i = 0; i < cfg.schedulers.size() && i < scheds.size(); ++i) {
+      const SchedulerConfig& sc = cfg.schedulers[i];
+      if (sc.interval() != "epoch" || current_epoch % std::max<int64_t>(1, sc.frequency()) != 0) continue;
+      sc.scheduler()->step();
+      ++scheduler_counts[i];
+    }
   }
   const c10::IValue cbs = get("callbacks");
   if (!cbs.isGenericDict()) throw std::runtime_error(where + ": 'callbacks' is not a dict");

@@ -261,6 +261,7 @@ void TrainerImpl::fit_loop() {
     model->train();
     results.reset();
     epoch_finished = false;
+    epoch_schedulers_stepped = false;
     for (auto& c : callbacks) c->on_train_epoch_start(owner, *model);
     model->on_train_epoch_start();
     bool interrupted = stop_agreed;  // during the sanity check
@@ -313,6 +314,7 @@ void TrainerImpl::fit_loop() {
     for (auto& c : callbacks) c->on_train_epoch_end(owner, *model);
     log_step_metrics(true);
     step_schedulers("epoch");
+    epoch_schedulers_stepped = true;
     if (!epoch_finished) break;  // stopped mid-epoch (max_steps or should_stop)
     ++current_epoch;
     epoch_batches_done = 0;

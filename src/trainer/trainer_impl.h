@@ -177,6 +177,10 @@ struct TrainerImpl {
   int64_t global_step = 0;
   int64_t epoch_batches_done = 0;  // batches finished in current_epoch (resume position)
   bool epoch_finished = false;
+  // The per-epoch schedulers have taken this epoch's step (they step after the epoch-end hooks,
+  // where ModelCheckpoint saves): a checkpoint records it, so that a resumed run takes a step
+  // its checkpoint came before (issue 32, A1).
+  bool epoch_schedulers_stepped = false;
   bool should_stop = false;
   bool sanity_checking = false;
   // Set while fit handles stop signals: where the loops agree to stop, and
