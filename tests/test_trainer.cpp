@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -861,4 +862,22 @@ TEST(Callbacks, LearningRateMonitorNamesEachOptimizerByItsPythonClass) {
   EXPECT_EQ(value["lr-RMSprop"], "0.01") << header << "\n" << row;
   EXPECT_EQ(value["lr-Adam"], "0.002") << header << "\n" << row;
   EXPECT_EQ(header.find("lr-Optimizer"), std::string::npos) << header;
+}
+
+// Issue 32, A3: with validation every second epoch, ModelCheckpoint and EarlyStopping that
+// monitor a validation metric act at validation end only, as in Lightning; they used to look
+// for it at the end of epoch 0 and throw. Checkpoints come from the epochs that validated.
+TEST(Callbacks, MonitoredCallbacksWaitForValidationWhenItSkipsEpochs) {
+  TempDir dir;
+  TinyRegression m;
+  auto mc = std::make_shared<ModelCheckpoint>(
+      ModelCheckpointOptions().dirpath(dir.path + "/ck").monitor("val_loss").save_top_k(-1));
+  auto es = std::make_shared<EarlyStopping>(EarlyStoppingOptions("val_loss").patience(10));
+  Trainer t(quiet(dir.path).max_epochs(4).check_val_every_n_epoch(2).num_sanity_val_steps(0).callbacks({mc, es}));
+  t.fit(m, loader(32, 8), loader(16, 8));
+  std::set<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path + "/ck")) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"epoch=1-step=8.ckpt", "epoch=3-step=16.ckpt"}));
+  EXPECT_EQ(es->stopped_epoch(), 0);
+  EXPECT_EQ(t.current_epoch(), 4);
 }

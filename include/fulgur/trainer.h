@@ -228,6 +228,8 @@ class Trainer {
   int64_t global_rank() const;
   // Batches per training epoch after limits (and per rank).
   int64_t num_training_batches() const;
+  // Batches per validation run of fit after limits (and per rank); 0 without a validation loader.
+  int64_t num_val_batches() const;
   int64_t max_epochs() const;
   int64_t max_steps() const;
   // The latest value of every logged metric (epoch aggregates once the epoch ended).

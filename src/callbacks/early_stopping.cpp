@@ -33,7 +33,7 @@ void EarlyStopping::on_validation_end(Trainer& trainer, LightningModule&) {
 }
 
 void EarlyStopping::on_train_epoch_end(Trainer& trainer, LightningModule&) {
-  if (!saw_validation_) check(trainer);
+  if (!saw_validation_ && !detail::acts_at_validation_end_only(trainer)) check(trainer);
 }
 
 void EarlyStopping::check(Trainer& trainer) {

@@ -344,7 +344,9 @@ void ModelCheckpoint::on_validation_end(Trainer& trainer, LightningModule&) {
 }
 
 void ModelCheckpoint::on_train_epoch_end(Trainer& trainer, LightningModule&) {
-  if (saw_validation_ || options_.every_n_train_steps() > 0 || options_.every_n_epochs() == 0) return;
+  if (saw_validation_ || detail::acts_at_validation_end_only(trainer) || options_.every_n_train_steps() > 0 ||
+      options_.every_n_epochs() == 0)
+    return;
   if ((trainer.current_epoch() + 1) % options_.every_n_epochs() != 0) return;
   if (trainer.global_step() == last_saved_step_) return;
   save(trainer);

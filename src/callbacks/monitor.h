@@ -2,6 +2,8 @@
 // What ModelCheckpoint and EarlyStopping share about a monitored metric: its
 // mode ("min" or "max") and the names listed when it was not logged.
 
+#include <fulgur/trainer.h>
+
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -24,6 +26,14 @@ inline std::string logged_names(const std::map<std::string, double>& metrics) {
   std::string out;
   for (const auto& kv : metrics) out += (out.empty() ? "" : ", ") + kv.first;
   return "[" + out + "]";
+}
+
+// Whether a monitored callback acts at validation end only: fit validates, but not every epoch
+// (check_val_every_n_epoch > 1), so train-epoch ends without validation have no validation
+// metric to judge (Lightning: ModelCheckpoint's _should_save_on_train_epoch_end and
+// EarlyStopping's _check_on_train_epoch_end are false then).
+inline bool acts_at_validation_end_only(const Trainer& trainer) {
+  return trainer.num_val_batches() > 0 && trainer.options().check_val_every_n_epoch() > 1;
 }
 
 }  // namespace fulgur::detail

@@ -224,6 +224,7 @@ void TrainerImpl::fit_loop() {
   num_training_batches = resolved.batches(options.limit_train_batches(), available, "limit_train_batches");
   const int64_t val_batches =
       val_source ? resolved.batches(options.limit_val_batches(), val_source->num_batches(), "limit_val_batches") : 0;
+  num_val_batches = val_batches;
   const BatchLimit& vci = options.val_check_interval();
   int64_t val_every = num_training_batches;
   if (vci.is_fraction()) {

@@ -99,6 +99,7 @@ bool Trainer::is_global_zero() const { return impl_->strategy->is_global_zero();
 int64_t Trainer::world_size() const { return impl_->strategy->world_size(); }
 int64_t Trainer::global_rank() const { return impl_->strategy->global_rank(); }
 int64_t Trainer::num_training_batches() const { return impl_->num_training_batches; }
+int64_t Trainer::num_val_batches() const { return impl_->num_val_batches; }
 int64_t Trainer::max_epochs() const { return impl_->resolved.max_epochs; }
 int64_t Trainer::max_steps() const { return impl_->options.max_steps(); }
 

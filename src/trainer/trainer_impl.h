@@ -191,6 +191,7 @@ struct TrainerImpl {
   bool launched_once = false;
   bool in_training_step = false;
   int64_t num_training_batches = 0;
+  int64_t num_val_batches = 0;  // per validation run of fit, after limits; 0 without a val loader
   int64_t accumulated = 0;  // micro-batches since the last optimizer step
   int64_t last_logged_step = -1;
   std::shared_ptr<BatchSource> train_source;
