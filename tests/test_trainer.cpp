@@ -264,6 +264,41 @@ TEST(Logging, StepAndEpochValuesAndMetricsCsv) {
   EXPECT_TRUE(fs::exists(dir.path + "/lightning_logs/version_1/metrics.csv"));
 }
 
+// Issue 32, B8: metric names with ',' or '"' are quoted as RFC 4180 (Python's csv module,
+// pandas) writes them, in the header and through the rewrite that widens it; Python's csv module
+// reads the columns back. A name with a line break is refused at log().
+TEST(Logging, CsvLoggerQuotesNamesPythonsCsvModuleReadsThemBack) {
+  TempDir dir;
+  const std::string csv = dir.path + "/lightning_logs/version_0/metrics.csv";
+  {
+    CSVLogger logger(CSVLoggerOptions(dir.path).flush_logs_every_n_steps(1));
+    logger.log_metrics({{"acc,top1", 0.5}}, 1);
+    logger.log_metrics({{"say \"hi\"", 2.0}, {"acc,top1", 0.75}}, 2);  // a new column: the file is rewritten
+    logger.save();
+  }
+  EXPECT_EQ(read(csv), "\"acc,top1\",\"say \"\"hi\"\"\",step\n0.5,,1\n0.75,2,2\n");
+  const std::string script = dir.path + "/read.py", out = dir.path + "/read.txt";
+  std::ofstream(script) << "import csv, sys\n"
+                           "rows = list(csv.DictReader(open(sys.argv[1], newline='')))\n"
+                           "print(sorted(rows[0].keys()), rows[1]['acc,top1'], rows[1]['say \"hi\"'])\n";
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + script + " " + csv + " > " + out + " 2>&1").c_str()), 0) << read(out);
+  EXPECT_EQ(read(out), "['acc,top1', 'say \"hi\"', 'step'] 0.75 2\n");
+
+  struct BadName : TinyRegression {
+    StepOutput training_step(const Batch& b, int64_t i) override {
+      log("line\nbreak", 1.0);
+      return TinyRegression::training_step(b, i);
+    }
+  } m;
+  Trainer t(quiet(dir.path).max_steps(1).enable_checkpointing(false));
+  try {
+    t.fit(m, loader(8, 8));
+    ADD_FAILURE() << "logged a name with a line break";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("log('line?break'): a metric name must be non-empty and hold no line break"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Logging, CsvLoggerWritesEveryNStepsAppendsAndWidensItsHeader) {
   TempDir dir;
   const std::string csv = dir.path + "/lightning_logs/version_0/metrics.csv";

@@ -18,18 +18,38 @@ namespace fulgur {
 namespace {
 
 // The cells of one line of metrics.csv (metric names hold no commas, values are numbers).
+// One line's cells, as RFC 4180 writes them (Python's csv module, pandas): a cell in double
+// quotes may hold ',' and a doubled '"'. Metric names hold no line break (log() refuses them).
 std::vector<std::string> split_cells(const std::string& line) {
-  std::vector<std::string> cells;
-  std::string cell;
-  std::istringstream in(line);
-  while (std::getline(in, cell, ',')) cells.push_back(cell);
-  if (!line.empty() && line.back() == ',') cells.emplace_back();
+  std::vector<std::string> cells(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (c == '"' && quoted && i + 1 < line.size() && line[i + 1] == '"') {
+      cells.back() += '"';
+      ++i;
+    } else if (c == '"') {
+      quoted = !quoted;
+    } else if (c == ',' && !quoted) {
+      cells.emplace_back();
+    } else {
+      cells.back() += c;
+    }
+  }
   return cells;
+}
+
+// A cell as RFC 4180 writes it: in double quotes, with '"' doubled, when it holds ',' or '"'.
+std::string csv_cell(const std::string& cell) {
+  if (cell.find_first_of(",\"") == std::string::npos) return cell;
+  std::string out = "\"";
+  for (char c : cell) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
 }
 
 std::string join_cells(const std::vector<std::string>& cells) {
   std::string out;
-  for (size_t i = 0; i < cells.size(); ++i) out += (i ? "," : "") + cells[i];
+  for (size_t i = 0; i < cells.size(); ++i) out += (i ? "," : "") + csv_cell(cells[i]);
   return out;
 }
 

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace fulgur::detail {
@@ -13,6 +14,15 @@ bool valid_fx(const std::string& fx) { return fx == "mean" || fx == "sum" || fx 
 
 void ResultCollection::log(const std::string& name, const at::Tensor& value_in, LogOptions options, bool in_training,
                            int64_t batch_size, const Reducer& reduce) {
+  // A name is one cell of metrics.csv's header and one tag of TensorBoard's files: a line break
+  // or another control character would break the line (',' and '"' are quoted there).
+  const auto control = [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; };
+  if (name.empty() || std::any_of(name.begin(), name.end(), control)) {
+    std::string shown = name;
+    std::replace_if(shown.begin(), shown.end(), control, '?');
+    throw std::invalid_argument("log('" + shown + "'): a metric name must be non-empty and hold no line break or other "
+                                "control character (shown as '?')");
+  }
   if (!value_in.defined() || value_in.numel() != 1) {
     throw std::invalid_argument("log('" + name + "'): the value must hold one element, got shape " +
                                 (value_in.defined() ? c10::str(value_in.sizes()) : std::string("undefined")));

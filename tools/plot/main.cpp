@@ -29,11 +29,24 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A line's cells as CSVLogger writes them (RFC 4180: a cell with ',' or '"' in double quotes,
+// '"' doubled).
 std::vector<std::string> split(const std::string& line) {
-  std::vector<std::string> cells;
-  std::stringstream in(line);
-  for (std::string c; std::getline(in, c, ',');) cells.push_back(c);
-  if (!line.empty() && line.back() == ',') cells.emplace_back();
+  std::vector<std::string> cells(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (c == '"' && quoted && i + 1 < line.size() && line[i + 1] == '"') {
+      cells.back() += '"';
+      ++i;
+    } else if (c == '"') {
+      quoted = !quoted;
+    } else if (c == ',' && !quoted) {
+      cells.emplace_back();
+    } else {
+      cells.back() += c;
+    }
+  }
   return cells;
 }
 
