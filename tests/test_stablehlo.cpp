@@ -1147,3 +1147,32 @@ TEST(StableHlo, WholeSecondStepsOfTheThreeModelsMatchTheInterpreter) {
     check_step(step, graph, step_inputs(step, *graph, 1), tol);
   }
 }
+
+// Issue 32, A4: bfloat16 sums, means and layer-norm statistics accumulate in float32 as
+// libtorch's kernels do, the result rounded once. Summed in bfloat16, 67,600 ones stop at 256 + 1
+// (the spacing of bf16 at 256 is 2), and 67,600 itself is not a bf16 number: libtorch gives
+// 67,584 and a mean of exactly 1.
+TEST(StableHlo, Bf16ReductionsAccumulateInFloat32AsLibtorch) {
+  const std::string ir = R"IR(
+graph(%a : Tensor, %x : Tensor, %w : Tensor, %b : Tensor):
+  %none : NoneType = prim::Constant()
+  %shape : int[] = prim::Constant[value=[4096]]()
+  %eps : float = prim::Constant[value=1.0000000000000001e-05]()
+  %s : Tensor = aten::sum(%a, %none)
+  %m : Tensor = aten::mean(%a, %none)
+  %y : Tensor, %mu : Tensor, %rstd : Tensor = aten::native_layer_norm(%x, %shape, %w, %b, %eps)
+  return (%s, %m, %y, %mu, %rstd)
+)IR";
+  torch::manual_seed(5);
+  const auto ones = torch::ones({67600}, torch::kBFloat16);
+  const auto x = (torch::randn({2, 4096}) * 3 + 100).to(torch::kBFloat16);
+  const auto w = torch::randn({4096}).to(torch::kBFloat16), b = torch::randn({4096}).to(torch::kBFloat16);
+  const std::vector<IValue> inputs{ones, x, w, b};
+  const auto graph = parse(ir);
+  const std::vector<IValue> want = run_eager_and_type(*graph, inputs);
+  EXPECT_EQ(want.at(0).toTensor().item<float>(), 67584.0f) << "libtorch's own sum";
+  const auto got = run_on_pjrt(*graph, inputs);
+  EXPECT_EQ(got.at(0).item<float>(), 67584.0f);
+  EXPECT_EQ(got.at(1).item<float>(), 1.0f);
+  check(ir, inputs, "bf16, 67600 and 2x4096", {1e-2, 1e-2});
+}

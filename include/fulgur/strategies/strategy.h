@@ -102,9 +102,11 @@ class Strategy {
   // --- Collectives (identity on one process) -------------------------------------
   // reduce_op: "mean"/"avg" (default), "sum", "max", "min".
   virtual at::Tensor reduce(const at::Tensor& tensor, const std::string& reduce_op = "mean");
-  // A tensor inside `value` is reduced; anything else is returned unchanged.
+  // A tensor `value` is reduced as above; any other value (a number, a string, a dict, even one
+  // holding tensors) is returned unchanged.
   c10::IValue reduce(const c10::IValue& value, const std::string& reduce_op = "mean");
-  // [world_size, *tensor.shape]. With sync_grads the result is differentiable.
+  // [world_size, *tensor.shape] on several processes; on one (and before the workers exist)
+  // `tensor` itself, as Lightning's. With sync_grads the result is differentiable.
   virtual at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads = false);
   // Rank src's value on every rank (tensors, numbers, strings, dicts, lists,
   // tuples, nested). A tensor that was on the CPU on src is a CPU tensor on

@@ -33,6 +33,12 @@ struct Unsupported {
 // then 0-d tensors, then numbers ("wrapped numbers").
 enum class Tier { dimensioned, zero_dim, number };
 
+// The dtype a reduction of `t` accumulates in: float32 for the 16-bit floats, as libtorch's CPU
+// kernels do; `t` itself otherwise.
+c10::ScalarType accumulation_type(c10::ScalarType t) {
+  return t == c10::kBFloat16 || t == c10::kHalf ? c10::kFloat : t;
+}
+
 struct Operand {
   std::string ssa;  // empty for a constant not yet written
   Dims dims;
@@ -543,7 +549,11 @@ void Emitter::matmul(const Node* n, bool batched) {
 // sum(self, dim, keepdim, dtype), sum(self, dtype), mean(...) alike: reduced in the output's
 // dtype; mean divides the sum by the number of elements reduced.
 void Emitter::sum_or_mean(const Node* n, bool mean) {
-  const c10::ScalarType t = out_dtype(n);
+  const c10::ScalarType out = out_dtype(n);
+  // 16-bit floats are summed and divided in float32 and rounded once at the end, as libtorch's
+  // kernels accumulate them (a bf16 running sum stops growing at 256 + 1, and a count such as
+  // 67,600 is not a bf16 number).
+  const c10::ScalarType t = accumulation_type(out);
   const Operand x = as(in(n, 0), t);
   Dims dims;
   if (n->inputs().size() > 2) {
@@ -555,7 +565,7 @@ void Emitter::sum_or_mean(const Node* n, bool mean) {
   for (int64_t d : dims) count *= x.dims[d];
   Operand r = reduce(x, dims, "stablehlo.add", 0);
   if (mean) r = binary("stablehlo.divide", r, Operand{"", {}, c10::kLong, Tier::number, c10::Scalar(count)}, t);
-  set(n, 0, reshape(r, out_dims(n)));
+  set(n, 0, reshape(as(r, out), out_dims(n)));
 }
 
 void Emitter::log_softmax(const Node* n) {
@@ -665,7 +675,10 @@ void Emitter::gelu_backward(const Node* n) {
 // (input, normalized_shape, weight?, bias?, eps) -> (output, mean, rstd), the statistics over
 // the last len(normalized_shape) dims, kept as dims of size 1.
 void Emitter::native_layer_norm(const Node* n) {
-  const c10::ScalarType t = out_dtype(n, 0);
+  // The statistics and the normalization in float32 for 16-bit floats (libtorch's kernel
+  // accumulates them so), the output rounded once.
+  const c10::ScalarType out_t = out_dtype(n, 0);
+  const c10::ScalarType t = accumulation_type(out_t);
   const Operand x = as(in(n, 0), t);
   const size_t k = ints_arg(n, 1, "normalized_shape").size();
   if (k > x.dims.size()) throw std::invalid_argument("normalized_shape longer than the input's dims");
@@ -683,7 +696,7 @@ void Emitter::native_layer_norm(const Node* n) {
   Operand out = mul(centered, keep_dims(rstd, x.dims, dims));
   if (!none_arg(n, 2)) out = mul(out, as(in(n, 2), t));
   if (!none_arg(n, 3)) out = add(out, as(in(n, 3), t));
-  set(n, 0, out);
+  set(n, 0, as(out, out_t));
   set(n, 1, reshape(as(mean, out_dtype(n, 1)), out_dims(n, 1)));
   set(n, 2, reshape(as(rstd, out_dtype(n, 2)), out_dims(n, 2)));
 }
@@ -1440,9 +1453,7 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
       {"aten::ScalarImplicit",
        [](Emitter& e, const Node* n) {
          const Operand x = e.materialized(e.in(n, 0));
-         if (!x.dims.empty())
-           throw std::invalid_argument("aten::ScalarImplicit of a tensor of " + std::to_string(x.dims.size()) +
-                                       " dims: it takes a 0-d tensor");
+         if (!x.dims.empty()) throw Unsupported{"a tensor of " + std::to_string(x.dims.size()) + " dims"};
          e.values_[n->output(0)] = Operand{x.ssa, {}, x.dtype, Tier::number, x.constant};
        }},
       {"aten::zero", [](Emitter& e, const Node* n) { e.set(n, 0, e.splat(0, out_dims(n), out_dtype(n))); }},
