@@ -1,5 +1,6 @@
 #include <fulgur/loggers/csv_logger.h>
 
+#include "loggers/csv_cells.h"
 #include "loggers/hparams_yaml.h"
 #include "loggers/next_version.h"
 #include "loggers/prefix.h"
@@ -18,38 +19,9 @@ namespace fulgur {
 namespace {
 
 // The cells of one line of metrics.csv (metric names hold no commas, values are numbers).
-// One line's cells, as RFC 4180 writes them (Python's csv module, pandas): a cell in double
-// quotes may hold ',' and a doubled '"'. Metric names hold no line break (log() refuses them).
-std::vector<std::string> split_cells(const std::string& line) {
-  std::vector<std::string> cells(1);
-  bool quoted = false;
-  for (size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (c == '"' && quoted && i + 1 < line.size() && line[i + 1] == '"') {
-      cells.back() += '"';
-      ++i;
-    } else if (c == '"') {
-      quoted = !quoted;
-    } else if (c == ',' && !quoted) {
-      cells.emplace_back();
-    } else {
-      cells.back() += c;
-    }
-  }
-  return cells;
-}
-
-// A cell as RFC 4180 writes it: in double quotes, with '"' doubled, when it holds ',' or '"'.
-std::string csv_cell(const std::string& cell) {
-  if (cell.find_first_of(",\"") == std::string::npos) return cell;
-  std::string out = "\"";
-  for (char c : cell) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
-}
-
 std::string join_cells(const std::vector<std::string>& cells) {
   std::string out;
-  for (size_t i = 0; i < cells.size(); ++i) out += (i ? "," : "") + csv_cell(cells[i]);
+  for (size_t i = 0; i < cells.size(); ++i) out += (i ? "," : "") + detail::csv_cell(cells[i]);
   return out;
 }
 
@@ -105,7 +77,7 @@ void CSVLogger::save() {
     std::ifstream in(path, std::ios::binary);
     std::string header;
     std::getline(in, header);
-    cols = split_cells(header);
+    cols = detail::split_csv_line(header);
     in.clear();
     in.seekg(-1, std::ios::end);
     whole_lines = in.get() == '\n';
@@ -130,7 +102,7 @@ void CSVLogger::save() {
       std::getline(in, line);
       out << join_cells(wider) << "\n";
       while (std::getline(in, line)) {
-        const auto cells = split_cells(line);
+        const auto cells = detail::split_csv_line(line);
         std::map<std::string, std::string> by_name;
         for (size_t i = 0; i < cells.size() && i < cols.size(); ++i) by_name[cols[i]] = cells[i];
         std::vector<std::string> row;

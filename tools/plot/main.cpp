@@ -10,6 +10,8 @@
 // Prints each series it drew with its point count, then the PNG's path.
 #include <CLI/CLI.hpp>
 
+#include "loggers/csv_cells.h"
+
 #include <sys/wait.h>
 
 #include <cerrno>
@@ -28,27 +30,6 @@
 namespace fs = std::filesystem;
 
 namespace {
-
-// A line's cells as CSVLogger writes them (RFC 4180: a cell with ',' or '"' in double quotes,
-// '"' doubled).
-std::vector<std::string> split(const std::string& line) {
-  std::vector<std::string> cells(1);
-  bool quoted = false;
-  for (size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (c == '"' && quoted && i + 1 < line.size() && line[i + 1] == '"') {
-      cells.back() += '"';
-      ++i;
-    } else if (c == '"') {
-      quoted = !quoted;
-    } else if (c == ',' && !quoted) {
-      cells.emplace_back();
-    } else {
-      cells.back() += c;
-    }
-  }
-  return cells;
-}
 
 // The panel a series goes to: its name without train_/val_/test_ and _step/_epoch.
 std::string panel_of(std::string name) {
@@ -122,7 +103,7 @@ int main(int argc, char** argv) {
     std::cerr << "fulgur-plot: cannot read " << csv << " (give a run's folder or its metrics.csv, as CSVLogger writes)\n";
     return 1;
   }
-  const auto cols = split(header);
+  const auto cols = fulgur::detail::split_csv_line(header);
   int step_col = -1;
   for (size_t i = 0; i < cols.size(); ++i)
     if (cols[i] == "step") step_col = static_cast<int>(i);
@@ -135,7 +116,7 @@ int main(int argc, char** argv) {
   int row = 1;
   for (std::string line; std::getline(in, line);) {
     ++row;
-    const auto cells = split(line);
+    const auto cells = fulgur::detail::split_csv_line(line);
     if (static_cast<int>(cells.size()) <= step_col || cells[step_col].empty()) continue;
     for (size_t i = 0; i < cols.size() && i < cells.size(); ++i) {
       if (cols[i] == "epoch" || cells[i].empty()) continue;
