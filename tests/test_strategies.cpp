@@ -613,13 +613,19 @@ struct BatchCounter : Callback {
   int64_t rank = -1;
 };
 
+// Issue 32, C11: every public accessor of a callback reads in the launching process what it reads
+// on rank 0 (ModelCheckpoint::dirpath() and EarlyStopping::reason() used to stay empty).
 TEST(Callbacks, EveryCallbacksStateComesBackFromRankZero) {
   TempDir dir;
   ScoredByEpoch m({1.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0});
   auto es = std::make_shared<EarlyStopping>(EarlyStoppingOptions("score").patience(2));
   auto counter = std::make_shared<BatchCounter>();
-  Trainer t(opts(dir.path, "cpu", "ddp", 2).max_epochs(7).enable_checkpointing(false).callbacks({es, counter}));
+  auto mc = std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().monitor("score"));
+  Trainer t(opts(dir.path, "cpu", "ddp", 2).max_epochs(7).logger(false).callbacks({es, counter, mc}));
   t.fit(m, loader(32, 4), loader(16, 4));
+  EXPECT_EQ(mc->dirpath(), dir.path + "/checkpoints");
+  EXPECT_EQ(std::filesystem::path(mc->best_model_path()).parent_path().string(), mc->dirpath());
+  EXPECT_NE(es->reason().find("score"), std::string::npos) << es->reason();
   // Best at epoch 1; epochs 2 and 3 do not improve: stop after epoch 3.
   EXPECT_EQ(t.current_epoch(), 4);
   EXPECT_EQ(es->stopped_epoch(), 3);

@@ -86,6 +86,7 @@ c10::IValue EarlyStopping::state_dict() const {
   d.insert("stopped_epoch", stopped_epoch_);
   d.insert("best_score", best_score_);
   d.insert("patience", options_.patience());
+  d.insert("reason", reason_);  // fulgur's; Lightning's loader reads the keys it knows
   return d;
 }
 
@@ -95,6 +96,8 @@ void EarlyStopping::load_state_dict(const c10::IValue& state) {
   wait_count_ = d.at("wait_count").toInt();
   stopped_epoch_ = d.at("stopped_epoch").toInt();
   best_score_ = d.at("best_score").toDouble();
+  // Absent from Lightning's and older checkpoints.
+  reason_ = d.contains("reason") && d.at("reason").isString() ? d.at("reason").toStringRef() : "";
 }
 
 }  // namespace fulgur

@@ -370,6 +370,9 @@ void ModelCheckpoint::load_state_dict(const c10::IValue& state) {
   auto d = c10::impl::toTypedDict<std::string, c10::IValue>(state.toGenericDict());
   best_model_path_ = d.at("best_model_path").toStringRef();
   last_model_path_ = d.at("last_model_path").toStringRef();
+  // The folder rank 0 wrote to (what the launching process reads after a fit on several
+  // processes); a resumed fit decides its own folder again at fit start.
+  if (d.contains("dirpath") && d.at("dirpath").isString()) dirpath_ = d.at("dirpath").toStringRef();
   best_model_score_.reset();
   if (!d.at("best_model_score").isNone()) best_model_score_ = d.at("best_model_score").toDouble();
   best_k_models_.clear();
