@@ -10,6 +10,7 @@
 // 5e-5 absolute (sums of thousands of products), and 1e-12 in float64; integer and bool
 // results exactly.
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
@@ -32,6 +33,7 @@
 #include "xla/pjrt/client.h"
 #include "xla/pjrt/metrics.h"
 #include "xla/pjrt/tensors.h"
+#include "xla/pjrt_backend.h"
 #include "xla/stablehlo/emitter.h"
 
 namespace pjrt = fulgur::xla::pjrt;
@@ -1175,4 +1177,53 @@ graph(%a : Tensor, %x : Tensor, %w : Tensor, %b : Tensor):
   EXPECT_EQ(got.at(0).item<float>(), 67584.0f);
   EXPECT_EQ(got.at(1).item<float>(), 1.0f);
   check(ir, inputs, "bf16, 67600 and 2x4096", {1e-2, 1e-2});
+}
+
+// Issue 32, A5: what the pjrt backend's Compile makes of a graph. An op without a lowering keeps
+// it on TorchScript (the reasons come back, nothing is compiled); a failure of the emitter (here
+// its own check that a lowering made the declared type) or of the compile is an error naming
+// what failed, with the graph, never a silent fallback.
+TEST(StableHlo, OnlyAnOpWithoutALoweringFallsBackAndAnEmitterOrCompileFailureIsAnError) {
+  const std::string ir = R"IR(
+graph(%a : Tensor):
+  %r : Tensor = aten::relu(%a)
+  return (%r)
+)IR";
+  const auto graph = parse(ir);
+  run_eager_and_type(*graph, {torch::randn({3})});
+  int compiled = 0;
+  EXPECT_TRUE(fulgur::xla::detail::emit_then_compile(*graph, {}, {}, [&](const fulgur::xla::stablehlo::Emission&) { ++compiled; }).empty());
+  EXPECT_EQ(compiled, 1);
+
+  const auto with_cos = parse(R"IR(
+graph(%a : Tensor):
+  %r : Tensor = aten::cos(%a)
+  return (%r)
+)IR");
+  run_eager_and_type(*with_cos, {torch::randn({3})});
+  const auto reasons = fulgur::xla::detail::emit_then_compile(*with_cos, {}, {}, [&](const fulgur::xla::stablehlo::Emission&) { ++compiled; });
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_EQ(reasons[0], "aten::cos");
+  EXPECT_EQ(compiled, 1) << "a graph that falls back is not compiled";
+
+  try {
+    fulgur::xla::detail::emit_then_compile(*graph, {}, {}, [](const fulgur::xla::stablehlo::Emission&) {
+      throw std::runtime_error("the plugin's parse error");
+    });
+    ADD_FAILURE() << "a compile failure fell back";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("compiling its StableHLO failed on a graph: the plugin's parse error"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("aten::relu(%a)"));
+  }
+
+  // The graph declares relu's output of 4 elements while its input has 3: the lowering makes 3,
+  // and the emitter's own check throws.
+  graph->outputs()[0]->setType(c10::TensorType::createContiguous(c10::kFloat, c10::kCPU, {4}));
+  try {
+    fulgur::xla::detail::emit_then_compile(*graph, {}, {}, [&](const fulgur::xla::stablehlo::Emission&) { ++compiled; });
+    ADD_FAILURE() << "an emitter failure fell back";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("the StableHLO emitter failed on a graph: lowering of aten::relu made"));
+  }
+  EXPECT_EQ(compiled, 1);
 }

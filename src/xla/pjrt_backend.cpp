@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -376,23 +377,16 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
       std::vector<stablehlo::Alias> aliases;
       const auto* lowered = dynamic_cast<const LoweredComputation*>(tsc);
       const stablehlo::EmitOptions& options = emit_options();  // a bad setting is the user's error
-      try {
-        // Aliases only at a step mark, as torch_xla: a graph run to read a value early (item())
-        // leaves the updated tensors' old data in use.
-        stablehlo::Emission e = stablehlo::emit_stablehlo(
-            *graph, options,
-            lowered && instance->in_mark_step ? lowered->aliases : std::vector<stablehlo::Alias>{});
-        if (e.unsupported.empty()) {
-          shapes = output_shapes_of(*graph);
-          updated = e.updated_inputs;
-          aliases = e.aliases;
-          exe = std::make_shared<pjrt::Executable>(pjrt::process_client().compile(e.module));
-        } else {
-          reasons = e.unsupported;
-        }
-      } catch (const std::exception& ex) {
-        reasons = {std::string("a graph XLA could not take (") + ex.what() + ")"};
-      }
+      // Aliases only at a step mark, as torch_xla: a graph run to read a value early (item())
+      // leaves the updated tensors' old data in use.
+      reasons = detail::emit_then_compile(
+          *graph, options, lowered && instance->in_mark_step ? lowered->aliases : std::vector<stablehlo::Alias>{},
+          [&](const stablehlo::Emission& e) {
+            shapes = output_shapes_of(*graph);
+            updated = e.updated_inputs;
+            aliases = e.aliases;
+            exe = std::make_shared<pjrt::Executable>(pjrt::process_client().compile(e.module));
+          });
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::shared_ptr<PjrtComputation> c;
       if (exe) {
@@ -564,6 +558,36 @@ class QuietWarnings : public c10::WarningHandler {
 };
 
 }  // namespace
+
+namespace detail {
+
+std::vector<std::string> emit_then_compile(const torch::jit::Graph& graph, const stablehlo::EmitOptions& options,
+                                           const std::vector<stablehlo::Alias>& aliases,
+                                           const std::function<void(const stablehlo::Emission&)>& compile) {
+  auto failure = [&](const std::string& who, const std::exception& ex) {
+    std::ostringstream os;
+    os << "xla (pjrt): " << who << " failed on a graph: " << ex.what()
+       << "\n(a fault of fulgur's or of the plugin, not an op without a lowering; such a graph is not run on "
+          "TorchScript instead). The graph:\n"
+       << graph;
+    return std::runtime_error(os.str());
+  };
+  stablehlo::Emission e;
+  try {
+    e = stablehlo::emit_stablehlo(graph, options, aliases);
+  } catch (const std::exception& ex) {
+    throw failure("the StableHLO emitter", ex);
+  }
+  if (!e.unsupported.empty()) return e.unsupported;
+  try {
+    compile(e);
+  } catch (const std::exception& ex) {
+    throw failure("compiling its StableHLO", ex);
+  }
+  return {};
+}
+
+}  // namespace detail
 
 void install_pjrt_lazy_backend() {
   static std::once_flag once;

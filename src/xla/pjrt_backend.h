@@ -13,8 +13,12 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
+#include <vector>
+
+#include "xla/stablehlo/emitter.h"
 
 namespace fulgur::xla {
 
@@ -55,5 +59,18 @@ bool copy_device_value_to_host(const at::Tensor& tensor, const at::Tensor& dst);
 // `host` may change afterwards). REQUIRES: install_pjrt_lazy_backend() ran (the xla backend is
 // "pjrt").
 at::Tensor device_tensor_from_host(const at::Tensor& host, const c10::Device& device);
+
+namespace detail {
+
+// What the backend's Compile does with one lowered graph: emits it, and, when every op has a
+// lowering, hands the emission to `compile` (PJRT's compile in the backend). Returns the ops
+// (with their reasons) that keep the graph on TorchScript, empty once compiled. A failure of the
+// emitter or of `compile` is not a reason to fall back: it throws std::runtime_error saying which
+// failed, with its message and the graph.
+std::vector<std::string> emit_then_compile(const torch::jit::Graph& graph, const stablehlo::EmitOptions& options,
+                                           const std::vector<stablehlo::Alias>& aliases,
+                                           const std::function<void(const stablehlo::Emission&)>& compile);
+
+}  // namespace detail
 
 }  // namespace fulgur::xla

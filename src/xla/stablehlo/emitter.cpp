@@ -498,8 +498,8 @@ Operand Emitter::operand_of_input(const Value* v) {
     case c10::TypeKind::FloatType: return {"", {}, c10::kDouble, Tier::number, std::nullopt};
     case c10::TypeKind::BoolType: return {"", {}, c10::kBool, Tier::number, std::nullopt};
     default:
-      throw std::invalid_argument("graph input %" + v->debugName() + " has type " + type->repr_str() +
-                                  ": the emitter takes tensors, ints, floats and bools");
+      throw Unsupported{"graph input %" + v->debugName() + " of type " + type->repr_str() +
+                        " (the emitter takes tensors, ints, floats and bools)"};
   }
 }
 
@@ -1553,14 +1553,14 @@ Emission Emitter::run() {
   std::vector<std::string> input_types(graph_.inputs().size());
   for (size_t i = 0; i < graph_.inputs().size(); ++i) {
     const Value* v = graph_.inputs()[i];
-    Operand x = operand_of_input(v);
-    x.ssa = "%a" + std::to_string(i);
     try {
+      Operand x = operand_of_input(v);
+      x.ssa = "%a" + std::to_string(i);
       input_types[i] = mlir_type(x.dims, x.dtype);
+      values_[v] = std::move(x);
     } catch (const Unsupported& u) {
       record("graph input " + std::to_string(i) + " (" + u.what + ")");
     }
-    values_[v] = std::move(x);
   }
   if (!result.unsupported.empty()) return result;
 
