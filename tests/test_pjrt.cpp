@@ -346,6 +346,12 @@ TEST(PjrtProcessClient, FollowsTheEnvironment) {
   const std::string missing = error_of([] { pjrt::process_client(); });
   EXPECT_NE(missing.find("/nonexistent/other_plugin.so"), std::string::npos) << missing;
   unsetenv("PJRT_LIBRARY_PATH");
+  // Issue 32, C10: a malformed LOCAL_WORLD_SIZE (the workers' thread count comes from it) is an
+  // error naming it; it used to become 1 silently.
+  setenv("LOCAL_WORLD_SIZE", "2x", 1);
+  const std::string malformed = error_of([] { pjrt::process_client(); });
+  EXPECT_NE(malformed.find("LOCAL_WORLD_SIZE='2x' must be a non-negative integer"), std::string::npos) << malformed;
+  unsetenv("LOCAL_WORLD_SIZE");
   // A failed creation is not remembered: now the default plugin.
   pjrt::Client& client = pjrt::process_client();
   EXPECT_EQ(client.plugin().path(), pjrt::PluginLocations::built_in().cpu_plugin);

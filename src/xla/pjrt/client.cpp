@@ -1,5 +1,7 @@
 #include "xla/pjrt/client.h"
 
+#include "runtime/env.h"
+
 #include <pjrt_c_api.h>
 
 #include <algorithm>
@@ -423,7 +425,8 @@ Client& process_client() {
     const PluginChoice choice = choose_plugin();
     ClientOptions options;
     if (choice.device != "CPU") options.cpu_device_count.reset();
-    if (const char* n = std::getenv("LOCAL_WORLD_SIZE")) options.local_world_size = std::max(1L, std::atol(n));
+    // A malformed value is an error naming it (it used to become 1 silently).
+    options.local_world_size = std::max<int64_t>(1, runtime::env_int("LOCAL_WORLD_SIZE", 1));
     return new Client(Plugin::load(choice.path), options);
   }();
   if (::getpid() != creator)
