@@ -16,8 +16,6 @@
 #include "trainer/stop_poll.h"
 
 #include <gmock/gmock.h>
-
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <dlfcn.h>

@@ -51,10 +51,6 @@ std::string regex_escaped(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 // A field of the filename template and its format spec, in the part of Python's format-spec
 // language Lightning users write: epoch and step take "[0][width]d" ({epoch:02d} gives
 // epoch=01), a metric "[0][width][.precision]" and one of e, E, f, F, g, G ({val_loss:.3f}). The
@@ -124,12 +120,13 @@ std::string formatted(const Field& f, double metric, int64_t integer) {
     if (f.precision >= 0) fmt += "." + std::to_string(f.precision);
     fmt += f.conv;
   }
-  const int n = f.integer ? std::snprintf(nullptr, 0, fmt.c_str(), static_cast<long long>(integer))
-                          : std::snprintf(nullptr, 0, fmt.c_str(), metric);
-  std::string out(static_cast<size_t>(std::max(n, 0)) + 1, '\0');
-  if (f.integer) std::snprintf(out.data(), out.size(), fmt.c_str(), static_cast<long long>(integer));
-  else std::snprintf(out.data(), out.size(), fmt.c_str(), metric);
-  out.resize(static_cast<size_t>(std::max(n, 0)));
+  // Measured first, then written: no fixed-size buffer cuts a long number.
+  auto print = [&](char* buf, size_t size) {
+    return f.integer ? std::snprintf(buf, size, fmt.c_str(), static_cast<long long>(integer))
+                     : std::snprintf(buf, size, fmt.c_str(), metric);
+  };
+  std::string out(static_cast<size_t>(std::max(print(nullptr, 0), 0)), '\0');
+  print(out.data(), out.size() + 1);  // C++17 strings keep room for the terminator
   return out;
 }
 
@@ -186,21 +183,16 @@ void ModelCheckpoint::drop_foreign_paths(bool warn) {
 }
 
 bool ModelCheckpoint::has_own_name(const std::string& relative) const {
-  // The regex counterpart of format_name: "name=<number>" per field, then an
-  // optional "-v<k>" (a name taken twice) and ".ckpt".
-  const std::string& tpl = options_.filename();
+  // The regex counterpart of format_name: "name=<number>" per field (a width pads with
+  // spaces), then an optional "-v<k>" (a name taken twice) and ".ckpt".
   std::string re;
-  size_t i = 0;
-  while (i < tpl.size()) {
-    const size_t open = tpl.find('{', i);
-    re += regex_escaped(tpl.substr(i, open == std::string::npos ? std::string::npos : open - i));
-    if (open == std::string::npos) break;
-    const size_t close = tpl.find('}', open);
-    if (close == std::string::npos) return false;
-    std::string field = tpl.substr(open + 1, close - open - 1);
-    field = field.substr(0, field.find(':'));
-    re += regex_escaped(field) + (field == "epoch" || field == "step" ? "= *-?[0-9]+" : "=[-+0-9.eEinfaINFA ]+");
-    i = close + 1;
+  for (const auto& part : parse_template(options_.filename())) {
+    if (const auto* text = std::get_if<std::string>(&part)) {
+      re += regex_escaped(*text);
+    } else {
+      const Field& f = std::get<Field>(part);
+      re += regex_escaped(f.name) + (f.integer ? "= *-?[0-9]+" : "=[-+0-9.eEinfaINFA ]+");
+    }
   }
   re += R"((-v[0-9]+)?\.ckpt)";
   return std::regex_match(relative, std::regex(re));

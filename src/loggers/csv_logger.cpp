@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 namespace fulgur {
 namespace {
 
-// The cells of one line of metrics.csv (metric names hold no commas, values are numbers).
+// One line of metrics.csv, each cell as RFC 4180 writes it (loggers/csv_cells.h).
 std::string join_cells(const std::vector<std::string>& cells) {
   std::string out;
   for (size_t i = 0; i < cells.size(); ++i) out += (i ? "," : "") + detail::csv_cell(cells[i]);

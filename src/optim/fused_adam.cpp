@@ -153,16 +153,11 @@ bool step(torch::optim::Optimizer& opt, bool adamw) {
         continue;
       }
       const Coefficients c = as_floats(n, o.amsgrad());
-      // Named as at::Tensor: `State` is a template parameter, and clang cannot call the
-      // data_ptr<T> template of a dependent expression (Tensor has a data_ptr() overload too).
-      const at::Tensor &m = s.exp_avg(), &v = s.exp_avg_sq();
-      float* vmax = nullptr;
-      if (c.amsgrad) {
-        const at::Tensor& vm = s.max_exp_avg_sq();
-        vmax = vm.data_ptr<float>();
-      }
-      update(p.data_ptr<float>(), p.grad().data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), vmax,
-             p.numel(), c);
+      // Through a non-template function: `State` is a template parameter, and clang cannot
+      // call the data_ptr<T> template of a dependent expression (Tensor has a data_ptr() too).
+      auto f32 = [](const at::Tensor& t) { return t.data_ptr<float>(); };
+      update(f32(p), f32(p.grad()), f32(s.exp_avg()), f32(s.exp_avg_sq()),
+             c.amsgrad ? f32(s.max_exp_avg_sq()) : nullptr, p.numel(), c);
     }
   }
   return true;

@@ -1,9 +1,9 @@
 #pragma once
 // The thread policy, in one place (see docs/ARCHITECTURE.md, "Threads"):
 // a worker gets cores / local_world_size threads (at least 1) for torch's
-// intra-op pool (OpenMP, which MKL's matrix products use too), and OpenMP waits passively when several
-// workers share the machine, because spinning threads of one worker steal the
-// cores of the others (measured 3-5x slower).
+// intra-op pool (OpenMP, which MKL's matrix products use too), and OpenMP
+// waits passively when several workers share the machine, because spinning
+// threads of one worker steal the cores of the others (measured 3-5x slower).
 
 #include <cstdint>
 #include <map>

@@ -1,3 +1,7 @@
+// torch.save archives read without libtorch's loader (unsafe on hostile files); see
+// torch_archive.h. Long because every opcode and record the restricted reader accepts is
+// bounds-checked here, in the one place the fuzz targets cover.
+
 #include "serialize/torch_archive.h"
 
 #include "serialize/zip_reader.h"

@@ -168,8 +168,10 @@ void TrainerImpl::restore(const std::string& path) {
   const int64_t epoch = loop_int("epoch");
   const int64_t step = loop_int("global_step");
   const int64_t batches_done = loop_int("batches_done");
-  const bool epoch_finished =
-      checkpoint_entry(ckpt, {"loops", "fit_loop", "epoch_finished"}, where, c10::BoolType::get()).toBool();
+  auto loop_bool = [&](const char* key) {
+    return checkpoint_entry(ckpt, {"loops", "fit_loop", key}, where, c10::BoolType::get()).toBool();
+  };
+  const bool epoch_finished = loop_bool("epoch_finished");
   const at::Tensor rng_states = ckpt.contains("rng_states")
                                     ? checkpoint_entry(ckpt, {"rng_states", "torch"}, where, c10::TensorType::get()).toTensor()
                                     : at::Tensor();
@@ -191,11 +193,8 @@ void TrainerImpl::restore(const std::string& path) {
   if (epoch_finished) {
     // loops.fit_loop is a dict: epoch_finished was read from it.
     const auto fit_loop = ckpt.at("loops").toGenericDict().at("fit_loop").toGenericDict();
-    const bool stepped = fit_loop.contains("epoch_schedulers_stepped") &&
-                         checkpoint_entry(ckpt, {"loops", "fit_loop", "epoch_schedulers_stepped"}, where,
-                                          c10::BoolType::get())
-                             .toBool();
-    pending_epoch_step = !stepped;
+    const bool says = fit_loop.contains("epoch_schedulers_stepped");
+    pending_epoch_step = !says || !loop_bool("epoch_schedulers_stepped");
     ++current_epoch;
     epoch_batches_done = 0;
   }

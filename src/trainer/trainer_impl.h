@@ -179,7 +179,7 @@ struct TrainerImpl {
   bool epoch_finished = false;
   // The per-epoch schedulers have taken this epoch's step (they step after the epoch-end hooks,
   // where ModelCheckpoint saves): a checkpoint records it, so that a resumed run takes a step
-  // its checkpoint came before (issue 32, A1).
+  // its checkpoint came before.
   bool epoch_schedulers_stepped = false;
   bool should_stop = false;
   bool sanity_checking = false;

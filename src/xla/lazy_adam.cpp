@@ -105,10 +105,10 @@ lazy::LazyTensorPtr lazy_tensor(const at::Tensor& t) {
 // Makes `value` the tensor's new value, as an in-place op does. Functionalization puts a new
 // lazy tensor under the wrapper. With `in_place`, the old value's device data is marked with the
 // node output that computes the new one (UpdatedBy), so that the PJRT lowering aliases the two
-// and XLA can update the buffer in place: for Adam's state, which only its update reads. (A weight
-// is read by the forward and backward too; aliasing it made XLA copy it, 1.05x slower on the MNIST
-// CNN, bench/history/libtorch-1.13.md session 14. Keeping the old lazy tensor and setting its IR value instead
-// reorders the graph's outputs, which made the CNN's XLA step 1.08x slower.)
+// and XLA can update the buffer in place: for Adam's state, which only its update reads. A weight
+// is read by the forward and backward too, and aliasing it made XLA copy it (slower on the MNIST
+// CNN). Keeping the old lazy tensor and setting its IR value instead reorders the graph's
+// outputs, which made the CNN's step slower too (bench/history/libtorch-1.13.md).
 void assign(const at::Tensor& t, lazy::Value value, const lazy::BackendDevice& device, bool in_place) {
   if (functionalization::isFunctionalTensor(t)) {
     const lazy::LazyTensorPtr before = lazy::TryGetLtcTensor(functionalization::from_functional_tensor(t));

@@ -1,4 +1,5 @@
-// The lazy backend on PJRT; see pjrt_backend.h.
+// The lazy backend on PJRT; see pjrt_backend.h. Long because libtorch's BackendImplInterface is
+// one class: data, lowering (aliases, donation), compile and execution share its state.
 
 #include "xla/pjrt_backend.h"
 
@@ -52,11 +53,9 @@ void count_bytes(int64_t up, int64_t down) {
 
 // How graphs are emitted for the process's client, decided at the first compile.
 // FULGUR_XLA_HOST_KERNELS=1 makes convolutions on the CPU plugin call libtorch's kernels
-// (xla/host_kernels.h), 0 keeps XLA's own; unset, the CPU plugin uses libtorch's. On this
-// project's Intel machine the MNIST CNN's step was 0.74x with libtorch's on two workers (session
-// 13) and, on one process with XLA on two threads, 0.93x (session 15; it read 1.28x eager
-// against 1.11x in session 13, before the packed pool, the XNNPACK reductions and the threshold
-// rewrite): bench/history/libtorch-1.13.md. A plugin of another platform runs XLA's own.
+// (xla/host_kernels.h), 0 keeps XLA's own; unset, the CPU plugin uses libtorch's, which were
+// faster for the MNIST CNN's step on one process and on two workers (figures in
+// bench/history/libtorch-1.13.md). A plugin of another platform runs XLA's own.
 const stablehlo::EmitOptions& emit_options() {
   static const stablehlo::EmitOptions options = [] {
     stablehlo::EmitOptions o;
@@ -432,9 +431,9 @@ class PjrtBackendImpl : public lazy::BackendImplInterface {
     // parameter list and this graph's device-data nodes (node_holds) hold the device data object,
     // and that object alone holds the buffer. A tensor whose value it still is, another pending
     // graph's node or data sharing the buffer (Assign) would each hold one more, and then the
-    // plugin copies the argument instead. After the
-    // execution the donors lose their buffers: the lazy core reads them no more, and a stray read
-    // is an error, not garbage. (A failed execution leaves them as they are.)
+    // plugin copies the argument instead. After the execution the donors lose their buffers: the
+    // lazy core reads them no more, and a stray read is an error, not garbage. (A failed
+    // execution leaves them as they are.)
     std::vector<std::shared_ptr<const pjrt::Buffer>> donated;
     std::vector<PjrtData*> donors;
     int64_t donated_bytes = 0;

@@ -18,7 +18,7 @@ namespace {
 // transpose of a matmul), and the view keeps its base alive: the step's graph
 // would write out the base as well as the view, and copy one into the other.
 // The clone is a value of its own, which XLA computes in place of the base
-// (with gradients set to none: MNIST MLP step 0.89x, bench/history/libtorch-1.13.md session 13).
+// (faster on the MNIST MLP with gradients set to none: bench/history/libtorch-1.13.md).
 void run_closure(const torch::nn::Module& module, const std::function<void()>& closure) {
   if (!closure) return;
   std::vector<at::Tensor> params = module.parameters();

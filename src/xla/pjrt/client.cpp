@@ -108,8 +108,8 @@ void set_thread_count(int64_t local_world_size) {
 // (XLA reads XLA_FLAGS once, when the first client starts). Reductions run as XNNPACK fusions:
 // on this project's Intel machine the charlm step was 0.84x, the MNIST CNN's 0.96x and the MLP's
 // 0.99x with it, and the losses came closer to eager's (the MLP's after 300 steps equal to the
-// printed digits; bench/history/libtorch-1.13.md, session 14). Another plugin gets nothing: its XLA may not
-// know a flag, and XLA aborts on an unknown one.
+// printed digits; bench/history/libtorch-1.13.md). Another plugin gets nothing: its XLA may
+// not know a flag, and XLA aborts on an unknown one.
 void set_cpu_plugin_flag_defaults() {
   static const std::pair<const char*, const char*> kDefaults[] = {
       {"xla_cpu_experimental_xnn_fusion_type", "LIBRARY_FUSION_TYPE_REDUCE"},

@@ -1,3 +1,6 @@
+// The StableHLO emitter; see emitter.h. Long because it holds one lowering rule per aten op
+// (registered in lowerings()) beside the helpers they share; splitting it by op family is planned.
+
 #include "xla/stablehlo/emitter.h"
 
 #include "xla/host_kernels.h"
@@ -1192,7 +1195,7 @@ void Emitter::max_pool2d_with_indices(const Node* n) {
     // the high half, 0xFFFFFFFF - index in the low half, so that a tie goes to the smaller index.
     // One reduce_window (max) of one result picks both; XLA:CPU splits it over its threads,
     // where the variadic one below runs on one (a tuple-shaped op gets no partitions): the MNIST
-    // CNN's step 0.86x (bench/history/libtorch-1.13.md, session 14). libtorch takes a NaN over any number and
+    // CNN's step 0.86x (bench/history/libtorch-1.13.md). libtorch takes a NaN over any number and
     // the last of several NaNs (`val > max || isnan(val)`): every NaN becomes one positive NaN,
     // above +inf, and carries its index itself in the low half, so that the larger one wins.
     const int64_t low_bits = 0xFFFFFFFF, nan_bits = 0x7FC00000;
@@ -1337,7 +1340,7 @@ void Emitter::max_pool2d_with_indices_backward(const Node* n) {
 // threshold can be applied to g against the pooled values first, at a quarter of the size, and
 // the result is the same element for element. What it saves: the unfused form reads x again, and
 // XLA recomputes x there when x is its own elementwise work (the CNN's conv1 on XLA's own
-// convolutions, a sum of 25 shifted windows, once more per step; bench/history/libtorch-1.13.md, session 15).
+// convolutions, a sum of 25 shifted windows, once more per step; bench/history/libtorch-1.13.md).
 std::optional<Operand> Emitter::threshold_before_pool_backward(const Node* n) {
   static const c10::Symbol kPool = c10::Symbol::fromQualString("aten::max_pool2d_with_indices");
   static const c10::Symbol kPoolBackward = c10::Symbol::fromQualString("aten::max_pool2d_with_indices_backward");
@@ -1623,7 +1626,7 @@ Emission Emitter::run() {
     // graph reads elsewhere too (a weight, read by the forward and backward as well as by its
     // update) makes XLA order those reads first or copy it; on the MNIST CNN aliasing the
     // weights as well made the step 1.05x slower, the optimizer state alone 0.97x
-    // (bench/history/libtorch-1.13.md, session 14).
+    // (bench/history/libtorch-1.13.md).
     if (graph_.inputs()[a.input]->uses().size() != 1) continue;
     alias_of[a.input] = static_cast<int64_t>(a.result);
     result_taken[a.result] = true;

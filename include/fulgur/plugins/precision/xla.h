@@ -16,7 +16,8 @@ class XLAPrecision : public Precision {
   // TorchScript backend a step is marked after the closure, so that forward and
   // backward run as their own graph (on PJRT they join the update's graph,
   // unless before_step marks a step to sync the gradients across ranks, as
-  // XLAStrategy does); after the update a step is marked, which runs the update. REQUIRES: `module` and the optimizer's parameters on an xla device.
+  // XLAStrategy does); after the update a step is marked, which runs the update.
+  // REQUIRES: `module` and the optimizer's parameters on an xla device.
   void optimizer_step(torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
                       const std::function<void()>& closure, const std::function<void()>& before_step) const override;
 };
