@@ -115,7 +115,8 @@ class BenchCallback : public fulgur::Callback {
     const int64_t world = trainer.world_size();
     std::ostringstream js;
     js.precision(10);
-    js << "{\"side\": \"fulgur_" << (s_.accelerator == "xla" ? "xla" : "ddp") << "\", \"model\": \"" << s_.model
+    const std::string side = s_.accelerator == "xla" ? "xla" : s_.accelerator == "cuda" ? "cuda" : "ddp";
+    js << "{\"side\": \"fulgur_" << side << "\", \"model\": \"" << s_.model
        << "\", \"rank\": " << trainer.global_rank() << ", \"world_size\": " << world
        << ", \"threads\": " << at::get_num_threads() << ", \"steps\": " << s_.steps << ", \"warmup\": " << s_.warmup
        << ", \"batch_size\": " << s_.batch_size << ", \"seconds\": " << seconds_
@@ -265,7 +266,10 @@ void run(Settings s) {
 
   fulgur::TrainerOptions opts;
   const bool xla = s.accelerator == "xla";
-  opts.accelerator(s.accelerator).devices(s.devices).strategy(xla ? (s.devices > 1 ? "xla" : "single_xla") : "ddp");
+  // One cuda device: SingleDeviceStrategy, as Lightning picks for devices=1 on a GPU.
+  const std::string strategy = xla ? (s.devices > 1 ? "xla" : "single_xla")
+                                   : (s.accelerator == "cuda" && s.devices == 1 ? "single_device" : "ddp");
+  opts.accelerator(s.accelerator).devices(s.devices).strategy(strategy);
   opts.max_steps(s.warmup + s.steps).max_epochs(-1).num_sanity_val_steps(0);
   opts.enable_checkpointing(false).enable_progress_bar(false).enable_model_summary(false).logger(false).handle_signals(s.handle_signals);
   opts.callbacks({std::make_shared<BenchCallback>(s)});
@@ -280,7 +284,9 @@ int main(int argc, char** argv) {
   Settings s;
   std::string models_arg = "mlp";
   app.add_option("--model", models_arg, "mlp, cnn, charlm, or a list run one after the other: mlp,cnn");
-  app.add_option("--accelerator", s.accelerator, "cpu (DDPStrategy) or xla (XLAStrategy; one device: single_xla)");
+  app.add_option("--accelerator", s.accelerator,
+                 "cpu (DDPStrategy), cuda (one device: SingleDeviceStrategy, else DDP) or xla (XLAStrategy; one "
+                 "device: single_xla; PJRT_DEVICE picks the plugin)");
   app.add_option("--devices", s.devices, "processes");
   app.add_option("--threads", s.threads, "torch and BLAS threads per process (0: cores / devices, the trainer's policy)");
   app.add_option("--batch-size", s.batch_size, "per process (0: 64 for MNIST, 32 for charlm)");

@@ -8,6 +8,8 @@ Modes:
   ddp  Trainer(accelerator="cpu", strategy="ddp", devices=N): Lightning's own
        DDPStrategy and its default launcher (the script is started again for
        each further rank, as `python train.py` does for a user).
+  cuda Trainer(accelerator="gpu", devices=N): one GPU is SingleDeviceStrategy,
+       several DDP over NCCL (scripts/device-check runs it on the GPU machine).
   xla  Lightning on torch_xla with PJRT_DEVICE=CPU and CPU_NUM_DEVICES=N:
        SingleDeviceXLAStrategy on one device, XLAStrategy on N > 1 (it refuses
        one device). Lightning finds XLA devices by counting TPU chips, so on a
@@ -56,7 +58,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", required=True, choices=["ddp", "xla"])
+    p.add_argument("--mode", required=True, choices=["ddp", "cuda", "xla"])
     p.add_argument("--model", required=True, choices=["mlp", "cnn", "charlm"])
     p.add_argument("--data-dir", default="data")
     p.add_argument("--init-dir", required=True, help="initial weights <init-dir>/<model>.pt (reference.py --mode init)")
@@ -82,7 +84,10 @@ if ARGS is not None and ARGS.mode == "xla":
     os.environ["CPU_NUM_DEVICES"] = str(ARGS.nproc)
 
 import torch  # noqa: E402
-import lightning.pytorch as pl  # noqa: E402
+try:  # the `lightning` package, or the older `pytorch-lightning` one
+    import lightning.pytorch as pl  # noqa: E402
+except ImportError:
+    import pytorch_lightning as pl  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
 sys.path.insert(0, HERE)
@@ -181,6 +186,8 @@ def main():
                   callbacks=[Bench()])
     if args.mode == "ddp":
         trainer = pl.Trainer(accelerator="cpu", strategy="ddp", devices=args.nproc, **common)
+    elif args.mode == "cuda":
+        trainer = pl.Trainer(accelerator="gpu", devices=args.nproc, **common)
     else:
         from lightning.fabric.accelerators.xla import XLAAccelerator as FabricXLAAccelerator
         from lightning.pytorch.accelerators import XLAAccelerator

@@ -16,7 +16,14 @@
 # REQUIRE_VERSION <v>: any other version is refused (an installed fulgur must be linked with the
 # libtorch it was compiled against).
 #
-# Sets FULGUR_LIBTORCH_ROOT and FULGUR_LIBTORCH_VERSION in the caller's scope.
+# A libtorch with CUDA (lib/libtorch_cuda.so and lib/libc10_cuda.so, as in pytorch.org's CUDA
+# archives and the CUDA `torch` wheels) is linked with them as well, without --as-needed: nothing
+# in fulgur calls into them by name, but loading them is what registers libtorch's CUDA kernels,
+# allocator and generators. FULGUR_LIBTORCH_CUDA=OFF leaves them out (a CPU-only build of a CUDA
+# libtorch). fulgur's code does not need CUDA headers for any of it.
+#
+# Sets FULGUR_LIBTORCH_ROOT, FULGUR_LIBTORCH_VERSION and FULGUR_LIBTORCH_HAS_CUDA in the caller's
+# scope.
 
 # The range this code is built and tested on: the lowest and the highest version (inclusive,
 # by major.minor) that compile fulgur and pass its tests.
@@ -100,6 +107,13 @@ function(fulgur_find_libtorch)
   set_target_properties(fulgur::c10 PROPERTIES IMPORTED_LOCATION "${root}/lib/libc10.so")
   add_library(fulgur::torch_cpu SHARED IMPORTED ${global})
   set_target_properties(fulgur::torch_cpu PROPERTIES IMPORTED_LOCATION "${root}/lib/libtorch_cpu.so")
+  set(links "fulgur::torch_cpu;fulgur::c10")
+  set(has_cuda OFF)
+  if(EXISTS "${root}/lib/libtorch_cuda.so" AND EXISTS "${root}/lib/libc10_cuda.so"
+     AND NOT (DEFINED FULGUR_LIBTORCH_CUDA AND NOT FULGUR_LIBTORCH_CUDA))
+    set(has_cuda ON)
+    set(links "-Wl,--no-as-needed;${root}/lib/libtorch_cuda.so;${root}/lib/libc10_cuda.so;-Wl,--as-needed;${links}")
+  endif()
   add_library(fulgur::libtorch INTERFACE IMPORTED ${global})
   set_target_properties(fulgur::libtorch PROPERTIES
     INTERFACE_INCLUDE_DIRECTORIES "${root}/include;${root}/include/torch/csrc/api/include"
@@ -107,8 +121,14 @@ function(fulgur_find_libtorch)
     INTERFACE_COMPILE_DEFINITIONS "USE_DISTRIBUTED;USE_C10D_GLOO"
     INTERFACE_COMPILE_OPTIONS "${flags}"
     INTERFACE_COMPILE_FEATURES "${standard}"
-    INTERFACE_LINK_LIBRARIES "fulgur::torch_cpu;fulgur::c10")
-  message(STATUS "fulgur: libtorch ${version} at ${root} (from ${from}), ${standard}")
+    INTERFACE_LINK_LIBRARIES "${links}")
+  if(has_cuda)
+    set(cuda_note ", with CUDA (libtorch_cuda)")
+  else()
+    set(cuda_note ", CPU only")
+  endif()
+  message(STATUS "fulgur: libtorch ${version} at ${root} (from ${from}), ${standard}${cuda_note}")
+  set(FULGUR_LIBTORCH_HAS_CUDA "${has_cuda}" PARENT_SCOPE)
   set(FULGUR_LIBTORCH_ROOT "${root}" PARENT_SCOPE)
   set(FULGUR_LIBTORCH_VERSION "${version}" PARENT_SCOPE)
 endfunction()

@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 
 #include <cstdio>
+#include <iostream>
 
 using namespace fulgur;
 
@@ -31,7 +32,7 @@ void expect_invalid(F&& f, std::vector<std::string> needles) {
 }  // namespace
 
 TEST(Options, UnknownNamesListTheValidChoices) {
-  expect_invalid([] { Trainer t(TrainerOptions().accelerator("gpu")); }, {"'gpu'", "\"cpu\"", "\"xla\""});
+  expect_invalid([] { Trainer t(TrainerOptions().accelerator("npu")); }, {"'npu'", "\"cpu\"", "\"cuda\"", "\"xla\""});
   expect_invalid([] { Trainer t(TrainerOptions().strategy("fsdp")); }, {"'fsdp'", "\"ddp\"", "\"xla\""});
   expect_invalid([] { Trainer t(TrainerOptions().precision("8-bit")); }, {"'8-bit'", "\"bf16-true\""});
   expect_invalid([] { Trainer t(TrainerOptions().precision("16-true")); }, {"'16-true'", "bf16-true"});
@@ -66,6 +67,53 @@ TEST(Options, XlaNumDevicesDecidesAuto) {
   setenv("XLA_NUM_DEVICES", "x", 1);
   expect_invalid([] { XLAAccelerator().auto_device_count(); }, {"XLA_NUM_DEVICES='x'"});
   unsetenv("XLA_NUM_DEVICES");
+}
+
+// "cuda" (and Lightning's alias "gpu") where no CUDA device is visible: an error that says why.
+TEST(Accelerators, CudaWithoutAVisibleDeviceIsAClearError) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "this machine has " << cuda_device_count() << " CUDA devices";
+  EXPECT_FALSE(cuda_unavailable_reason().empty());
+  for (const char* name : {"cuda", "gpu"}) {
+    expect_invalid([&] { Trainer t(TrainerOptions().accelerator(name)); },
+                   {"accelerator '" + std::string(name) + "' asks for CUDA devices, but none is visible",
+                    cuda_unavailable_reason(), "\"cpu\""});
+  }
+}
+
+// Lightning's accelerator="auto": cuda when there is a GPU; else xla (the default strategy) or
+// cpu (a CPU strategy named). An xla strategy stays on xla either way.
+TEST(Accelerators, AutoPicksCudaWhenThereIsAGpuElseXlaOrCpu) {
+  const bool gpu = cuda_device_count() > 0;
+  std::cout << "[ INFO     ] CUDA devices visible: " << cuda_device_count()
+            << (gpu ? "" : " (" + cuda_unavailable_reason() + ")") << "\n";
+  Trainer plain(TrainerOptions().accelerator("auto").devices(1));
+  EXPECT_EQ(plain.strategy().accelerator().name(), gpu ? "cuda" : "xla");
+  Trainer ddp(TrainerOptions().accelerator("auto").strategy("ddp").devices(1));
+  EXPECT_EQ(ddp.strategy().accelerator().name(), gpu ? "cuda" : "cpu");
+  Trainer xla(TrainerOptions().accelerator("auto").strategy("single_xla").devices(1));
+  EXPECT_EQ(xla.strategy().accelerator().name(), "xla");
+  if (gpu) {
+    Trainer cuda(TrainerOptions().accelerator("cuda").devices(1));
+    EXPECT_EQ(cuda.strategy().root_device(), c10::Device(c10::kCUDA, 0));
+    expect_invalid([] { Trainer t(TrainerOptions().accelerator("cuda").strategy("xla").devices(1)); },
+                   {"strategy 'xla'", "accelerator is 'cuda'"});
+  }
+}
+
+// Local rank k owns the k-th device of the strategy's list (Lightning's parallel_devices[local_rank]).
+TEST(Accelerators, ARankOwnsTheDeviceOfItsPlaceInTheDeviceList) {
+  struct Recording : CPUAccelerator {
+    mutable std::vector<int64_t> asked;
+    c10::Device device(int64_t index) const override {
+      asked.push_back(index);
+      return CPUAccelerator::device(index);
+    }
+  };
+  auto acc = std::make_shared<Recording>();
+  DDPStrategy ddp(acc, {3, 1});
+  ddp.root_device();  // rank 0 before launch
+  ASSERT_FALSE(acc->asked.empty());
+  EXPECT_EQ(acc->asked.back(), 3);
 }
 
 TEST(Options, LoopBounds) {

@@ -322,7 +322,9 @@ TEST(PjrtPluginChoice, TpuAndCudaPluginsAreFoundOrExplained) {
     EXPECT_NE(tpu.find(part), std::string::npos) << part << " not in: " << tpu;
   EXPECT_EQ(pjrt::choose_plugin({"TPU", "", "/opt/libtpu.so"}, nowhere).path, "/opt/libtpu.so");
   const std::string cuda = error_of([&] { pjrt::choose_plugin({"CUDA", "", ""}, nowhere); });
-  EXPECT_NE(cuda.find("jax-cuda12-pjrt"), std::string::npos) << cuda;
+  for (const char* part : {"jax-cuda13-pjrt", "jax-cuda12-pjrt", "/nowhere/venv/lib/python3/site-packages/jax_plugins/xla_cuda13/",
+                           "PJRT_LIBRARY_PATH"})
+    EXPECT_NE(cuda.find(part), std::string::npos) << part << " not in: " << cuda;
   const std::string cpu = error_of([&] { pjrt::choose_plugin({}, nowhere); });
   EXPECT_NE(cpu.find("scripts/install-deps"), std::string::npos) << cpu;
 
@@ -335,6 +337,15 @@ TEST(PjrtPluginChoice, TpuAndCudaPluginsAreFoundOrExplained) {
   const pjrt::PluginLocations site{"/nowhere/cpu.so", "/nowhere/venv", dir.path};
   EXPECT_EQ(pjrt::choose_plugin({"TPU", "", ""}, site).path, dir.path + "/libtpu/libtpu.so");
   EXPECT_EQ(pjrt::choose_plugin({"CUDA", "", ""}, site).path, dir.path + "/jax_plugins/xla_cuda12/xla_cuda_plugin.so");
+  // The CUDA 13 package wins over the CUDA 12 one; a folder after fulgur's own is searched too.
+  TempDir other;
+  std::filesystem::create_directories(other.path + "/jax_plugins/xla_cuda13");
+  std::ofstream(other.path + "/jax_plugins/xla_cuda13/xla_cuda_plugin.so") << "";
+  const pjrt::PluginLocations system{"/nowhere/cpu.so", "/nowhere/venv", "/nowhere/site", "", {other.path}};
+  EXPECT_EQ(pjrt::choose_plugin({"CUDA", "", ""}, system).path, other.path + "/jax_plugins/xla_cuda13/xla_cuda_plugin.so");
+  std::filesystem::create_directories(dir.path + "/jax_plugins/xla_cuda13");
+  std::ofstream(dir.path + "/jax_plugins/xla_cuda13/xla_cuda_plugin.so") << "";
+  EXPECT_EQ(pjrt::choose_plugin({"CUDA", "", ""}, site).path, dir.path + "/jax_plugins/xla_cuda13/xla_cuda_plugin.so");
 }
 
 TEST(PjrtProcessClient, FollowsTheEnvironment) {

@@ -15,10 +15,10 @@ int main(int argc, char** argv) {
   int64_t max_steps = 600, batch_size = 32, sample_chars = 300, val_batches = 20;
   charlm::Config cfg;
   uint64_t seed = 42;
-  app.add_option("--accelerator", accelerator, "cpu, xla or auto");
+  app.add_option("--accelerator", accelerator, "cpu, cuda, xla or auto");
   app.add_option("--devices", devices, "auto, a count, or indices like 0,1");
   app.add_option("--strategy", strategy, "auto, single_device, ddp, xla, xla_debug");
-  app.add_option("--precision", precision, "32-true or bf16-true");
+  app.add_option("--precision", precision, "32-true or bf16-true; bf16-mixed and 16-mixed on cuda");
   app.add_option("--max-steps", max_steps);
   app.add_option("--batch-size", batch_size, "per device");
   app.add_option("--block-size", cfg.block_size, "characters of context");

@@ -38,10 +38,10 @@ int main(int argc, char** argv) {
   uint64_t seed = 42;
   bool no_test = false;
   app.add_option("--model", model_name, "cnn or mlp");
-  app.add_option("--accelerator", accelerator, "cpu, xla or auto");
+  app.add_option("--accelerator", accelerator, "cpu, cuda, xla or auto");
   app.add_option("--devices", devices, "auto, a count, or indices like 0,1");
   app.add_option("--strategy", strategy, "auto, single_device, ddp, xla, xla_debug");
-  app.add_option("--precision", precision, "32-true, bf16-true or bf16-mixed (cpu)");
+  app.add_option("--precision", precision, "32-true, bf16-true, bf16-mixed (cpu, cuda) or 16-mixed (cuda)");
   if (const char* nodes = std::getenv("NUM_NODES"); nodes && *nodes) num_nodes = std::atoll(nodes);
   app.add_option("--num-nodes", num_nodes, "machines in the job (default: $NUM_NODES, else 1)");
   app.add_option("--max-epochs", max_epochs);

@@ -3,8 +3,17 @@
 #include "runtime/threads.h"
 #include <fulgur/xla/backend.h>
 
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/cuda.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <set>
 #include <sstream>
@@ -64,10 +73,79 @@ void XLAAccelerator::teardown() {
   if (xla::backend_started()) xla::backend().reset();
 }
 
+namespace {
+
+struct CudaCount {
+  int64_t devices = 0;
+  std::string reason;
+};
+
+CudaCount count_cuda_devices() {
+  // libtorch_cuda registers its CUDAHooks when it is loaded; without it there is no CUDA to ask.
+  if (!at::CUDAHooksRegistry()->Has("CUDAHooks")) {
+    return {0, "the libtorch fulgur is linked with has no CUDA (no libtorch_cuda); build fulgur against a CUDA "
+               "libtorch: cmake -DFULGUR_LIBTORCH=<a CUDA libtorch, or a CUDA torch wheel's site-packages/torch>"};
+  }
+  // The count initializes the CUDA driver, and a process that forks after that
+  // gives its children a CUDA they cannot use: count in a child of our own.
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int n = 0;
+    try {
+      n = static_cast<int>(torch::cuda::device_count());
+    } catch (...) {
+      n = 0;
+    }
+    ::_exit(std::min(n, 250));
+  }
+  if (pid < 0) return {0, std::string("could not start the process that counts CUDA devices: ") + std::strerror(errno)};
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status)) return {0, "the process that counts CUDA devices died (signal " + std::to_string(WTERMSIG(status)) + ")"};
+  const int64_t n = WEXITSTATUS(status);
+  if (n > 0) return {n, ""};
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  return {0, std::string("libtorch has CUDA but sees no CUDA device (no NVIDIA driver or GPU answered") +
+                 (visible ? std::string(", and CUDA_VISIBLE_DEVICES='") + visible + "'" : std::string()) + ")"};
+}
+
+const CudaCount& cuda_count() {
+  static const CudaCount count = count_cuda_devices();
+  return count;
+}
+
+}  // namespace
+
+int64_t cuda_device_count() { return cuda_count().devices; }
+
+std::string cuda_unavailable_reason() { return cuda_count().reason; }
+
+int64_t CUDAAccelerator::max_device_count() const { return cuda_device_count(); }
+
+void CUDAAccelerator::setup_device(const c10::Device& device) {
+  if (!device.is_cuda() || device.index() < 0 || device.index() >= cuda_device_count()) {
+    throw std::invalid_argument("CUDAAccelerator: device " + device.str() + " is not one of the " +
+                                std::to_string(cuda_device_count()) + " visible CUDA devices");
+  }
+  c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device);
+}
+
 std::shared_ptr<Accelerator> make_accelerator(const std::string& name) {
   if (name == "cpu") return std::make_shared<CPUAccelerator>();
-  if (name == "xla" || name == "auto") return std::make_shared<XLAAccelerator>();
-  throw std::invalid_argument("accelerator '" + name + "' is not known; valid: \"cpu\", \"xla\", \"auto\"");
+  if (name == "xla") return std::make_shared<XLAAccelerator>();
+  if (name == "cuda" || name == "gpu") {
+    if (cuda_device_count() == 0) {
+      throw std::invalid_argument("accelerator '" + name + "' asks for CUDA devices, but none is visible: " +
+                                  cuda_unavailable_reason() + "; use accelerator \"cpu\" or \"xla\"");
+    }
+    return std::make_shared<CUDAAccelerator>();
+  }
+  if (name == "auto") {
+    if (cuda_device_count() > 0) return std::make_shared<CUDAAccelerator>();
+    return std::make_shared<XLAAccelerator>();
+  }
+  throw std::invalid_argument("accelerator '" + name + "' is not known; valid: \"cpu\", \"cuda\" (or \"gpu\"), \"xla\", \"auto\"");
 }
 
 std::vector<int64_t> parse_devices(const std::string& spec_in, const Accelerator& accelerator) {

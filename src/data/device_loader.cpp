@@ -40,6 +40,15 @@ class DeviceStream : public BatchStream {
   }
 
  private:
+  // To the device; to a CUDA device from pinned memory and without blocking: the copy runs on
+  // the device's current stream, ordered before the step that uses it, and the caching host
+  // allocator keeps the pinned buffer until the copy is done.
+  at::Tensor copy(const at::Tensor& t) const {
+    if (!t.defined()) return t;
+    if (!device_.is_cuda() || !t.device().is_cpu()) return t.to(device_);
+    return (t.is_pinned() ? t : t.pin_memory()).to(device_, /*non_blocking=*/true);
+  }
+
   void run() {
     try {
       while (true) {
@@ -50,7 +59,7 @@ class DeviceStream : public BatchStream {
         }
         auto b = inner_->next();
         if (!b) break;
-        Batch moved{b->data.to(device_), b->target.defined() ? b->target.to(device_) : b->target};
+        Batch moved{copy(b->data), copy(b->target)};
         std::lock_guard<std::mutex> lock(mu_);
         queue_.push_back(std::move(moved));
         cv_.notify_all();
@@ -89,5 +98,12 @@ DeviceLoader::DeviceLoader(std::shared_ptr<BatchSource> inner, c10::Device devic
 std::unique_ptr<BatchStream> DeviceLoader::open(int64_t skip_batches) {
   return std::make_unique<DeviceStream>(inner_->open(skip_batches), device_, before_batch_, prefetch_);
 }
+
+namespace detail {
+std::shared_ptr<BatchSource> cuda_device_loader(std::shared_ptr<BatchSource> loader, const c10::Device& device) {
+  if (!loader || !device.is_cuda() || std::dynamic_pointer_cast<DeviceLoader>(loader)) return loader;
+  return std::make_shared<DeviceLoader>(std::move(loader), device);
+}
+}  // namespace detail
 
 }  // namespace fulgur

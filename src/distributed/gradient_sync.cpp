@@ -49,17 +49,21 @@ void copy_into(const at::Tensor& dst_slice, const at::Tensor& src) {
   }
 }
 
-// grad = slice * scale (grad takes slice's shape `sizes` when it has none).
-void scaled_copy_back(at::Tensor& grad, const at::Tensor& slice, at::IntArrayRef sizes, double scale) {
+// grad = slice * scale, on `device` (the parameter's): grad takes slice's shape `sizes` when it
+// has none. The bucket is on the CPU; a CUDA gradient gets the scaled values in one copy.
+void scaled_copy_back(at::Tensor& grad, const at::Tensor& slice, at::IntArrayRef sizes, double scale,
+                      const c10::Device& device) {
   if (runtime::is_plain_cpu_float(grad) && runtime::is_plain_cpu_float(slice) && grad.numel() == slice.numel()) {
     float* d = grad.data_ptr<float>();
     const float* s = slice.data_ptr<float>();
     const float f = static_cast<float>(scale);
     for (int64_t i = 0, n = slice.numel(); i < n; ++i) d[i] = s[i] * f;
-  } else if (grad.defined() && grad.is_contiguous()) {
+  } else if (grad.defined() && grad.is_contiguous() && grad.device() == slice.device()) {
     at::mul_out(grad, slice.view(sizes), scale);
+  } else if (grad.defined() && grad.sizes() == sizes) {
+    grad.copy_(slice.view(sizes).mul(scale));
   } else {
-    grad = slice.view(sizes).mul(scale);
+    grad = slice.view(sizes).mul(scale).to(device);
   }
 }
 
@@ -146,7 +150,7 @@ class BucketReducer : public GradientSync {
       // The division by the world size and the copy back in one pass.
       for (size_t j = 0; j < b.params.size(); ++j) {
         auto& p = params_[b.params[j]];
-        scaled_copy_back(p.mutable_grad(), b.flat.narrow(0, b.offsets[j], p.numel()), p.sizes(), inv);
+        scaled_copy_back(p.mutable_grad(), b.flat.narrow(0, b.offsets[j], p.numel()), p.sizes(), inv, p.device());
       }
       b.ready = 0;
     }
@@ -238,11 +242,12 @@ class StepReducer : public GradientSync {
       for (size_t j = 0; j < b.params.size(); ++j) {
         auto& p = params_[b.params[j]];
         auto slice = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
-        if (p.device().is_cpu()) {
+        if (p.device().type() != c10::kLazy) {
+          // CPU and CUDA: into the gradient in place (on CUDA one host-to-device copy).
           if (p.grad().defined()) {
             p.mutable_grad().copy_(slice);
           } else {
-            p.mutable_grad() = slice.clone();
+            p.mutable_grad() = slice.to(p.device(), /*non_blocking=*/false, /*copy=*/true);
           }
         } else if (pjrt) {
           // Uploaded from the bucket into a new PJRT buffer: one copy.

@@ -75,7 +75,14 @@ int64_t ParallelStrategy::local_rank() const { return launched_ ? local_rank_ : 
 int64_t ParallelStrategy::node_rank() const { return launched_ ? node_rank_ : 0; }
 int64_t ParallelStrategy::world_size() const { return launched_ ? world_size_ : 1; }
 
-c10::Device ParallelStrategy::root_device() const { return accelerator_->device(local_rank()); }
+// Local rank k owns the k-th device of the node's parallel_devices ("1,3": rank 0 gets device 1),
+// as Lightning's parallel_devices[local_rank]; an externally started process with a local rank
+// beyond the list (a launcher that knows more devices than this strategy was told) takes its own index.
+c10::Device ParallelStrategy::root_device() const {
+  const int64_t k = local_rank();
+  const int64_t index = k < static_cast<int64_t>(parallel_devices_.size()) ? parallel_devices_[static_cast<size_t>(k)] : k;
+  return accelerator_->device(index);
+}
 
 void ParallelStrategy::setup_environment() {
   const ClusterEnvironment& env = *cluster_environment_;
@@ -242,6 +249,11 @@ bool sharded_for(const BatchSource& source, int64_t world) {
 }  // namespace
 
 std::shared_ptr<BatchSource> ParallelStrategy::process_dataloader(std::shared_ptr<BatchSource> loader) {
+  // This rank's share, then (on a CUDA device) a DeviceLoader that copies it to the device.
+  return detail::cuda_device_loader(shard_dataloader(std::move(loader)), root_device());
+}
+
+std::shared_ptr<BatchSource> ParallelStrategy::shard_dataloader(std::shared_ptr<BatchSource> loader) {
   if (world_size() == 1 || !options_.use_distributed_sampler() || sharded_for(*loader, world_size())) return loader;
   auto dl = std::dynamic_pointer_cast<DataLoader>(loader);
   if (!dl) {

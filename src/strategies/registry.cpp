@@ -23,7 +23,17 @@ std::shared_ptr<Strategy> make_strategy(const StrategyRequest& req) {
   const std::string precision = validate_precision(req.precision());
   const bool xla_strategy = req.strategy() == "xla" || req.strategy() == "xla_debug" || req.strategy() == "single_xla";
   std::string acc_name = req.accelerator();
-  if (acc_name == "auto") acc_name = req.strategy() == "ddp" || req.strategy() == "single_device" ? "cpu" : "xla";
+  if (acc_name == "auto") {
+    // Lightning's order: a GPU when there is one; else the xla devices, which every
+    // machine has, unless a CPU strategy was named.
+    if (xla_strategy) {
+      acc_name = "xla";
+    } else if (cuda_device_count() > 0) {
+      acc_name = "cuda";
+    } else {
+      acc_name = req.strategy() == "ddp" || req.strategy() == "single_device" ? "cpu" : "xla";
+    }
+  }
   auto accelerator = make_accelerator(acc_name);
   if (xla_strategy && accelerator->name() != "xla") {
     throw std::invalid_argument("strategy '" + req.strategy() + "' runs on xla devices but accelerator is '" +
@@ -43,9 +53,15 @@ std::shared_ptr<Strategy> make_strategy(const StrategyRequest& req) {
     throw std::invalid_argument("strategy '" + name + "' uses one device but devices='" + req.devices() + "' gives " +
                                 std::to_string(n) + "; use strategy \"ddp\" or \"xla\" for several");
   }
+  if (precision == "16-mixed" && accelerator->name() != "cuda") {
+    throw std::invalid_argument("precision '16-mixed' is float16 autocast, which runs on CUDA devices (as in Lightning), "
+                                "but accelerator is '" + accelerator->name() +
+                                "'; use accelerator \"cuda\", or \"bf16-mixed\" for mixed precision on " +
+                                accelerator->name());
+  }
   if (name == "single_device") {
     if (accelerator->name() == "xla") return std::make_shared<SingleDeviceXLAStrategy>(nullptr, std::make_shared<XLAPrecision>(precision));
-    return std::make_shared<SingleDeviceStrategy>(c10::Device(c10::kCPU), accelerator, nullptr,
+    return std::make_shared<SingleDeviceStrategy>(accelerator->device(devices.front()), accelerator, nullptr,
                                                   std::make_shared<Precision>(precision));
   }
   if (name == "single_xla") return std::make_shared<SingleDeviceXLAStrategy>(nullptr, std::make_shared<XLAPrecision>(precision));
@@ -56,8 +72,8 @@ std::shared_ptr<Strategy> make_strategy(const StrategyRequest& req) {
                       .use_distributed_sampler(req.use_distributed_sampler())
                       .debug(name == "xla_debug");
   if (name == "ddp") {
-    if (accelerator->name() != "cpu") {
-      throw std::invalid_argument("strategy 'ddp' runs on cpu devices; for xla devices use strategy \"xla\"");
+    if (accelerator->name() != "cpu" && accelerator->name() != "cuda") {
+      throw std::invalid_argument("strategy 'ddp' runs on cpu and cuda devices; for xla devices use strategy \"xla\"");
     }
     return std::make_shared<DDPStrategy>(accelerator, devices, nullptr, std::make_shared<Precision>(precision), po);
   }

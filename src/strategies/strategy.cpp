@@ -1,4 +1,5 @@
 #include <fulgur/accelerators/accelerator.h>
+#include <fulgur/data/device_loader.h>
 #include <fulgur/lightning_module.h>
 #include <fulgur/plugins/precision/precision.h>
 #include <fulgur/strategies/strategy.h>
@@ -41,6 +42,7 @@ void Strategy::setup_environment() { accelerator_->setup_device(root_device()); 
 
 void Strategy::setup(Trainer& trainer) {
   if (!model_) throw std::logic_error("Strategy::setup: no module connected");
+  check_precision_device(precision(), root_device());
   precision().convert_module(*model_);
   model_to_device();
   setup_module_states();
@@ -100,13 +102,15 @@ at::Tensor Strategy::predict_step(const Batch& batch, int64_t batch_idx) {
   return model_->predict_step(precision().convert_input(batch), batch_idx);
 }
 
-void Strategy::backward(const at::Tensor& loss) { loss.backward(); }
+void Strategy::backward(const at::Tensor& loss) { precision().pre_backward(loss).backward(); }
 
 void Strategy::optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
                               const std::function<void()>& before_step) {
   if (!model_) throw std::logic_error("Strategy::optimizer_step: no module connected");
   precision().optimizer_step(optimizer, *model_, closure, [&] {
     sync_gradients();
+    // After the sync, so that every rank sees the same gradients and skips the same steps.
+    precision().unscale_gradients(optimizer);
     if (before_step) before_step();
   });
 }
@@ -145,7 +149,9 @@ int64_t Strategy::count_true(bool decision) {
   return reduce(torch::tensor(decision ? 1 : 0, torch::kInt32), "sum").item<int64_t>();
 }
 
-std::shared_ptr<BatchSource> Strategy::process_dataloader(std::shared_ptr<BatchSource> loader) { return loader; }
+std::shared_ptr<BatchSource> Strategy::process_dataloader(std::shared_ptr<BatchSource> loader) {
+  return detail::cuda_device_loader(std::move(loader), root_device());
+}
 
 void Strategy::save_checkpoint(const Checkpoint& checkpoint, const std::string& path, const StorageOptions& opts) {
   if (is_global_zero()) checkpoint_io().save_checkpoint(checkpoint, path, opts);

@@ -26,8 +26,8 @@ std::shared_ptr<Precision> xla_precision(std::shared_ptr<Precision> precision, c
   }
   if (precision->autocast_dtype()) {
     throw std::invalid_argument(std::string(who) + ": precision '" + precision->name() +
-                                "' is CPU autocast, which does not reach xla devices; valid there: \"32-true\", "
-                                "\"bf16-true\" (or use accelerator \"cpu\")");
+                                "' is autocast (CPU or CUDA), which does not reach xla devices; valid there: \"32-true\", "
+                                "\"bf16-true\" (or use accelerator \"cpu\" or \"cuda\")");
   }
   return precision;
 }

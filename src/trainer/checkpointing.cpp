@@ -4,6 +4,7 @@
 #include <fulgur/callbacks/model_checkpoint.h>
 #include <fulgur/checkpoint.h>
 #include <fulgur/data/data_loader.h>
+#include <fulgur/plugins/precision/precision.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
@@ -69,6 +70,8 @@ Checkpoint TrainerImpl::dump_checkpoint() {
     sched_states.push_back(s);
   }
   ckpt.insert("lr_schedulers", sched_states);
+  // The precision plugin's state (16-mixed's GradScaler), under Lightning's key.
+  if (auto precision_state = strategy->precision().state_dict()) ckpt.insert(Precision::checkpoint_key(), *precision_state);
   ckpt.insert("callbacks", callback_states());
   auto loop = fulgur::make_dict();
   loop.insert("epoch", current_epoch);
@@ -218,6 +221,11 @@ void TrainerImpl::restore(const std::string& path) {
   for (size_t i = 0; i < opts.size(); ++i) {
     load_optimizer_state_dict(*cfg.optimizers[i], opts.get(i), where + ", optimizer " + std::to_string(i));
     optimizer_state_to_params_device(*cfg.optimizers[i]);
+  }
+  if (strategy->precision().scaler() && ckpt.contains(Precision::checkpoint_key())) {
+    const c10::IValue p = ckpt.at(Precision::checkpoint_key());
+    if (!p.isGenericDict()) throw std::runtime_error(where + ": '" + Precision::checkpoint_key() + "' is not a dict");
+    strategy->precision().load_state_dict(c10::impl::toTypedDict<std::string, c10::IValue>(p.toGenericDict()), where);
   }
   if (pending_epoch_step) {
     // The step the finished epoch's end took after the checkpoint (step_schedulers("epoch")

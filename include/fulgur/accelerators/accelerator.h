@@ -13,7 +13,7 @@ namespace fulgur {
 class Accelerator {
  public:
   virtual ~Accelerator() = default;
-  // "cpu" or "xla".
+  // "cpu", "cuda" or "xla".
   virtual std::string name() const = 0;
   // Devices used when the user says devices="auto".
   virtual int64_t auto_device_count() const = 0;
@@ -49,8 +49,36 @@ class XLAAccelerator : public Accelerator {
   void teardown() override;
 };
 
-// "cpu", "xla" or "auto" (xla: every machine has the lazy backend).
-// Throws std::invalid_argument listing the valid names.
+// NVIDIA GPUs through libtorch's CUDA (a libtorch with libtorch_cuda; see
+// cmake/FulgurLibtorch.cmake). Device index i is cuda:i as the CUDA runtime
+// numbers the devices CUDA_VISIBLE_DEVICES leaves visible. One process per
+// GPU: rank k of a node owns the k-th device of `devices`.
+class CUDAAccelerator : public Accelerator {
+ public:
+  std::string name() const override { return "cuda"; }
+  // Every visible CUDA device, as Lightning's CUDAAccelerator.
+  int64_t auto_device_count() const override { return max_device_count(); }
+  int64_t max_device_count() const override;
+  c10::Device device(int64_t index) const override { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index)); }
+  // Makes `device` this thread's current CUDA device. Throws naming the
+  // device when it is not a visible CUDA device.
+  void setup_device(const c10::Device& device) override;
+};
+
+// The number of CUDA devices this process may use (CUDA_VISIBLE_DEVICES
+// applied), counted without initializing CUDA in this process: a child
+// process counts them, so that workers forked after the count still get a
+// working CUDA. 0 when the libtorch fulgur is linked with has no CUDA, or
+// no driver or device answers. Counted once per process.
+int64_t cuda_device_count();
+// Why cuda_device_count() is 0, in words for an error message ("" when it is not).
+std::string cuda_unavailable_reason();
+
+// "cpu", "cuda" (or its alias "gpu"), "xla", or "auto": cuda when CUDA
+// devices are visible, else xla (every machine has the lazy backend).
+// make_strategy resolves "auto" against the strategy first (see registry.h).
+// Throws std::invalid_argument listing the valid names, and for "cuda" when
+// no CUDA device is visible, saying why.
 std::shared_ptr<Accelerator> make_accelerator(const std::string& name);
 
 // Resolves the user's `devices` against an accelerator: an int N (the first

@@ -2,7 +2,9 @@
 // DeviceLoader: a loader whose batches arrive on a device. A background
 // thread takes batches from the wrapped loader and copies them to the device
 // while the current step runs; the consumer marks a step (on xla devices)
-// before each batch is handed out, as torch_xla's MpDeviceLoader does.
+// before each batch is handed out, as torch_xla's MpDeviceLoader does. On a
+// CUDA device the copies start from pinned host memory and do not block the
+// host (PyTorch's pin_memory=True with non_blocking copies).
 
 #include <fulgur/data/data_loader.h>
 
@@ -32,5 +34,11 @@ class DeviceLoader : public BatchSource {
   BeforeBatch before_batch_;
   int64_t prefetch_;
 };
+
+namespace detail {
+// `loader` inside a DeviceLoader for `device` when that is a CUDA device and
+// `loader` is not one already; else `loader` unchanged.
+std::shared_ptr<BatchSource> cuda_device_loader(std::shared_ptr<BatchSource> loader, const c10::Device& device);
+}  // namespace detail
 
 }  // namespace fulgur

@@ -87,9 +87,13 @@ class ParallelStrategy : public Strategy {
   // returns what it made before unchanged; throws std::invalid_argument for
   // any other source (or a DeviceLoader over one), which each rank would use
   // whole. With use_distributed_sampler off, returns every loader unchanged.
+  // On a CUDA root device the result comes inside a DeviceLoader (see
+  // Strategy::process_dataloader).
   std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader) override;
 
  protected:
+  // process_dataloader's sharding, without the device.
+  std::shared_ptr<BatchSource> shard_dataloader(std::shared_ptr<BatchSource> loader);
   // Every parameter and buffer takes rank 0's value (flattened, one broadcast per dtype).
   void sync_module_states();
   // One all-reduce without the shape check (the trainer asks every few steps

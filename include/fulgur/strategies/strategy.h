@@ -118,6 +118,9 @@ class Strategy {
   bool reduce_boolean_decision(bool decision, DecisionRule rule = DecisionRule::kAll);
 
   // --- Data --------------------------------------------------------------------------
+  // The loader the loops read: `loader` itself on the CPU; on a CUDA root
+  // device a DeviceLoader over it, which copies each batch to the device from
+  // pinned memory without blocking, while the current step runs.
   virtual std::shared_ptr<BatchSource> process_dataloader(std::shared_ptr<BatchSource> loader);
 
   // --- Checkpoints ---------------------------------------------------------------------

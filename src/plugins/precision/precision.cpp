@@ -12,35 +12,65 @@ namespace fulgur {
 std::string validate_precision(const std::string& name) {
   if (name == "32") return "32-true";
   if (name == "bf16") return "bf16-mixed";
-  if (name == "32-true" || name == "bf16-true" || name == "bf16-mixed") return name;
+  if (name == "16") return "16-mixed";
+  if (name == "32-true" || name == "bf16-true" || name == "bf16-mixed" || name == "16-mixed") return name;
   std::string why;
-  if (name == "16-mixed" || name == "16") {
-    why = " (float16 autocast needs a GPU, as in Lightning, and fulgur runs on the CPU and xla; for mixed "
-          "precision on the CPU use \"bf16-mixed\")";
-  } else if (name == "16-true") {
-    why = " (float16 weights are not implemented by fulgur yet; use \"bf16-true\")";
-  }
-  throw std::invalid_argument("precision '" + name + "' is not supported; valid: \"32-true\", \"bf16-mixed\", \"bf16-true\"" +
-                              why);
+  if (name == "16-true") why = " (float16 weights are not implemented by fulgur yet; use \"bf16-true\")";
+  throw std::invalid_argument("precision '" + name +
+                              "' is not supported; valid: \"32-true\", \"bf16-mixed\", \"bf16-true\", \"16-mixed\"" + why);
 }
 
-Precision::Precision(std::string name) : name_(validate_precision(name)) {}
+void check_precision_device(const Precision& precision, const c10::Device& device) {
+  if (precision.needs_cuda() && !device.is_cuda()) {
+    throw std::invalid_argument("precision '" + precision.name() + "' is float16 autocast, which runs on CUDA devices (as in "
+                                "Lightning), but the device is " + device.str() +
+                                "; use accelerator \"cuda\", or \"bf16-mixed\" for mixed precision on this device");
+  }
+}
+
+Precision::Precision(std::string name) : name_(validate_precision(name)) {
+  if (name_ == "16-mixed") scaler_ = std::make_shared<GradScaler>();
+}
 
 c10::ScalarType Precision::dtype() const { return name_ == "bf16-true" ? torch::kBFloat16 : torch::kFloat32; }
 
 std::optional<c10::ScalarType> Precision::autocast_dtype() const {
   if (name_ == "bf16-mixed") return torch::kBFloat16;
+  if (name_ == "16-mixed") return torch::kHalf;
   return std::nullopt;
+}
+
+at::Tensor Precision::pre_backward(const at::Tensor& loss) const { return scaler_ ? scaler_->scale(loss) : loss; }
+
+void Precision::unscale_gradients(torch::optim::Optimizer& optimizer) const {
+  if (scaler_) scaler_->unscale(optimizer);
+}
+
+std::optional<c10::Dict<std::string, c10::IValue>> Precision::state_dict() const {
+  if (!scaler_) return std::nullopt;
+  return scaler_->state_dict();
+}
+
+void Precision::load_state_dict(const c10::Dict<std::string, c10::IValue>& state, const std::string& where) const {
+  if (scaler_) scaler_->load_state_dict(state, where);
 }
 
 ForwardContext::ForwardContext(const Precision& precision) {
   const auto dtype = precision.autocast_dtype();
   if (!dtype) return;
   active_ = true;
-  was_enabled_ = at::autocast::is_cpu_enabled();
-  previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
-  at::autocast::set_cpu_enabled(true);
-  at::autocast::set_autocast_cpu_dtype(*dtype);
+  was_cpu_enabled_ = at::autocast::is_autocast_enabled(at::kCPU);
+  previous_cpu_dtype_ = at::autocast::get_autocast_dtype(at::kCPU);
+  was_cuda_enabled_ = at::autocast::is_autocast_enabled(at::kCUDA);
+  previous_cuda_dtype_ = at::autocast::get_autocast_dtype(at::kCUDA);
+  // Autocast acts per device type: bfloat16 autocast for the CPU and CUDA tensors
+  // of a step, float16 only for CUDA ones (check_precision_device keeps 16-mixed there).
+  if (*dtype == torch::kBFloat16) {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, *dtype);
+  }
+  at::autocast::set_autocast_enabled(at::kCUDA, true);
+  at::autocast::set_autocast_dtype(at::kCUDA, *dtype);
   at::autocast::increment_nesting();
 }
 
@@ -48,8 +78,10 @@ ForwardContext::~ForwardContext() {
   if (!active_) return;
   // The outermost context drops the cached bfloat16 copies of the weights, as torch.autocast does.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_cpu_enabled(was_enabled_);
-  at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+  at::autocast::set_autocast_enabled(at::kCPU, was_cpu_enabled_);
+  at::autocast::set_autocast_dtype(at::kCPU, previous_cpu_dtype_);
+  at::autocast::set_autocast_enabled(at::kCUDA, was_cuda_enabled_);
+  at::autocast::set_autocast_dtype(at::kCUDA, previous_cuda_dtype_);
 }
 
 void Precision::convert_module(torch::nn::Module& module) const {
@@ -73,7 +105,14 @@ void Precision::optimizer_step(torch::optim::Optimizer& optimizer, const torch::
                                const std::function<void()>& closure, const std::function<void()>& before_step) const {
   if (closure) closure();
   if (before_step) before_step();
-  update(optimizer);
+  if (!scaler_) {
+    update(optimizer);
+    return;
+  }
+  // The scaler unscaled the gradients in before_step (unscale_gradients); a
+  // step whose gradients overflowed is skipped, and the scale learns from it.
+  scaler_->step(optimizer, [&] { update(optimizer); });
+  scaler_->update();
 }
 
 }  // namespace fulgur

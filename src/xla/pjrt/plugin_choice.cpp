@@ -1,6 +1,9 @@
 #include "xla/pjrt/plugin_choice.h"
 
+#include <glob.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <cstdlib>
 #include <stdexcept>
@@ -29,7 +32,21 @@ PluginEnvironment PluginEnvironment::from_process() {
 
 PluginLocations PluginLocations::built_in() {
   const char* installed = fulgur_installed_pjrt_cpu_plugin ? fulgur_installed_pjrt_cpu_plugin() : nullptr;
-  return {FULGUR_PJRT_CPU_PLUGIN, FULGUR_XLA_VENV, FULGUR_XLA_SITE_PACKAGES, installed ? installed : ""};
+  std::vector<std::string> others;
+  auto add = [&](const std::string& pattern) {
+    glob_t g{};
+    if (::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &g) == 0) {
+      std::vector<std::string> found(g.gl_pathv, g.gl_pathv + g.gl_pathc);
+      std::sort(found.rbegin(), found.rend());  // the newest Python first
+      others.insert(others.end(), found.begin(), found.end());
+    }
+    ::globfree(&g);
+  };
+  if (const std::string venv = env_or_empty("VIRTUAL_ENV"); !venv.empty()) add(venv + "/lib/python3*/site-packages");
+  add("/usr/local/lib/python3*/dist-packages");
+  add("/usr/local/lib/python3*/site-packages");
+  add("/usr/lib/python3/dist-packages");
+  return {FULGUR_PJRT_CPU_PLUGIN, FULGUR_XLA_VENV, FULGUR_XLA_SITE_PACKAGES, installed ? installed : "", others};
 }
 
 PluginChoice choose_plugin(const PluginEnvironment& env, const PluginLocations& where) {
@@ -55,11 +72,20 @@ PluginChoice choose_plugin(const PluginEnvironment& env, const PluginLocations& 
                                   venv_pip(where) + " libtpu`, or set TPU_LIBRARY_PATH or PJRT_LIBRARY_PATH");
     return {device, libtpu};
   }
-  const std::string cuda = where.site_packages + "/jax_plugins/xla_cuda12/xla_cuda_plugin.so";
-  if (!exists(cuda))
-    throw std::invalid_argument("PJRT_DEVICE=CUDA: the CUDA plugin is not at " + cuda + "; run `" + venv_pip(where) +
-                                " jax-cuda12-pjrt` (it needs CUDA 12), or set PJRT_LIBRARY_PATH");
-  return {device, cuda};
+  // jax-cuda13-pjrt, then jax-cuda12-pjrt, in each folder in turn.
+  std::vector<std::string> folders{where.site_packages};
+  folders.insert(folders.end(), where.other_site_packages.begin(), where.other_site_packages.end());
+  std::string looked;
+  for (const auto& folder : folders) {
+    for (const char* package : {"xla_cuda13", "xla_cuda12"}) {
+      const std::string cuda = folder + "/jax_plugins/" + package + "/xla_cuda_plugin.so";
+      if (exists(cuda)) return {device, cuda};
+      looked += (looked.empty() ? "" : ", ") + cuda;
+    }
+  }
+  throw std::invalid_argument("PJRT_DEVICE=CUDA: no CUDA plugin found (looked at " + looked + "); run `" +
+                              venv_pip(where) + " jax-cuda13-pjrt` (CUDA 13) or `jax-cuda12-pjrt` (CUDA 12), or set "
+                              "PJRT_LIBRARY_PATH to the plugin file");
 }
 
 PluginChoice choose_plugin() { return choose_plugin(PluginEnvironment::from_process(), PluginLocations::built_in()); }

@@ -6,12 +6,16 @@
 //                                  build was configured with (the checkout's .venv/xla)
 //   PJRT_DEVICE=TPU                libtpu.so: TPU_LIBRARY_PATH, else the `libtpu` pip package
 //                                  in fulgur's virtual environment
-//   PJRT_DEVICE=CUDA               xla_cuda_plugin.so of the `jax-cuda12-pjrt` pip package in
-//                                  fulgur's virtual environment
+//   PJRT_DEVICE=CUDA               xla_cuda_plugin.so of the `jax-cuda13-pjrt` or `jax-cuda12-pjrt`
+//                                  pip package (in that order), looked for in fulgur's virtual
+//                                  environment, then the active one ($VIRTUAL_ENV), then the
+//                                  system's Python packages (/usr/local/lib/python3*/dist-packages
+//                                  and site-packages, /usr/lib/python3/dist-packages)
 //   PJRT_LIBRARY_PATH=<file>       that plugin file instead, whatever PJRT_DEVICE says
-// Only the CPU plugin is tested here.
+// The CPU plugin is tested in CI; the CUDA one by scripts/device-check on a GPU machine.
 
 #include <string>
+#include <vector>
 
 namespace fulgur::xla::pjrt {
 
@@ -33,6 +37,8 @@ struct PluginLocations {
   // The pinned CPU plugin's copy in an installed package: fulgurConfig.cmake compiles its path
   // into each program that finds the package (fulgur_installed_pjrt_cpu_plugin); empty otherwise.
   std::string installed_cpu_plugin = "";
+  // More site-packages folders where a GPU plugin may be, searched after `site_packages`.
+  std::vector<std::string> other_site_packages = {};
 
   static PluginLocations built_in();
 };
