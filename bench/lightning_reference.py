@@ -30,8 +30,8 @@ Data order: a DataLoader(batch, shuffle=True, drop_last=True) as a user writes
 it. Lightning replaces its sampler with DistributedSampler(shuffle=True, seed 0)
 under DDPStrategy and XLAStrategy (use_distributed_sampler=True, the default),
 which is the order fulgur's DataLoader(shuffle, seed 0) and reference.py use.
-SingleDeviceXLAStrategy is not distributed, so Lightning keeps the loader's
-RandomSampler there; for that one case this script gives the loader
+SingleDeviceXLAStrategy and one GPU are not distributed, so Lightning keeps the
+loader's RandomSampler there; for those cases this script gives the loader
 DistributedSampler(num_replicas=1, rank=0, shuffle=True, seed=0), the same order.
 
 Trainer settings, the same as fulgur_bench's TrainerOptions: logger=False,
@@ -111,7 +111,7 @@ class Module(pl.LightningModule):
 
     def train_dataloader(self):
         dataset = ref.make_dataset(ARGS.model, ARGS.data_dir)
-        if self.trainer.world_size == 1 and ARGS.mode == "xla":
+        if self.trainer.world_size == 1 and ARGS.mode in ("xla", "cuda"):
             sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=0)
             return DataLoader(dataset, batch_size=ARGS.batch_size, sampler=sampler, drop_last=True)
         return DataLoader(dataset, batch_size=ARGS.batch_size, shuffle=True, drop_last=True)

@@ -76,9 +76,9 @@ struct Where : TinyRegression {
 TEST(Cuda, OneProcessTrainsOnTheGpuAsOnTheCpu) {
   REQUIRE_GPU();
   TempDir dir;
-  torch::manual_seed(0);
+  fulgur::seed_everything(0);
   Where gpu;
-  torch::manual_seed(0);
+  fulgur::seed_everything(0);
   Where cpu;
   Trainer tg(opts(dir.path + "/g").accelerator("cuda").devices(1).max_steps(20).enable_checkpointing(false));
   tg.fit(gpu, loader(160, 8));
@@ -97,9 +97,9 @@ TEST(Cuda, OneProcessTrainsOnTheGpuAsOnTheCpu) {
 TEST(Cuda, TwoProcessesOnOneGpuMatchOneProcessWithTwiceTheBatch) {
   REQUIRE_GPU();
   TempDir dir;
-  torch::manual_seed(0);
+  fulgur::seed_everything(0);
   TinyRegression two;
-  torch::manual_seed(0);
+  fulgur::seed_everything(0);
   TinyRegression one;
   auto acc = std::make_shared<CUDAAccelerator>();
   auto ddp = std::make_shared<DDPStrategy>(acc, std::vector<int64_t>{0, 0}, nullptr, nullptr,
@@ -112,10 +112,29 @@ TEST(Cuda, TwoProcessesOnOneGpuMatchOneProcessWithTwiceTheBatch) {
   EXPECT_TRUE(torch::allclose(flat_params(two), flat_params(one), 1e-5, 1e-6)) << flat_params(two) << flat_params(one);
 }
 
+// seed_everything leaves CUDA alone in the launching process, so forked workers can start it
+// (the test above); a process that started CUDA itself gets a worker error that says why.
+TEST(Cuda, WorkersForkedAfterTheParentStartedCudaSayWhyTheyCannotUseIt) {
+  REQUIRE_GPU();
+  TempDir dir;
+  torch::manual_seed(0);  // starts CUDA in this process, as torch.cuda.manual_seed_all would not
+  TinyRegression model;
+  auto ddp = std::make_shared<DDPStrategy>(std::make_shared<CUDAAccelerator>(), std::vector<int64_t>{0, 0}, nullptr,
+                                           nullptr, ParallelOptions().timeout(std::chrono::milliseconds(60000)));
+  Trainer t(opts(dir.path).strategy(ddp).max_epochs(1).enable_checkpointing(false));
+  try {
+    t.fit(model, loader(16, 4));
+    FAIL() << "forked workers used a CUDA the parent had started";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("the launching process had already started CUDA"));
+    EXPECT_THAT(e.what(), HasSubstr("start_method(\"spawn\")"));
+  }
+}
+
 TEST(Cuda, SixteenMixedRunsInFloat16AndResumesItsScalerFromTheCheckpoint) {
   REQUIRE_GPU();
   TempDir dir;
-  torch::manual_seed(0);
+  fulgur::seed_everything(0);
   Where first;
   Trainer t1(opts(dir.path).accelerator("cuda").devices(1).precision("16-mixed").max_epochs(2)
                  .callbacks(save_last(dir.path + "/checkpoints")));
@@ -132,7 +151,7 @@ TEST(Cuda, SixteenMixedRunsInFloat16AndResumesItsScalerFromTheCheckpoint) {
   const double saved = state.at("scale").toDouble();
   EXPECT_GT(saved, 0.0);
   EXPECT_DOUBLE_EQ(saved, t1.strategy().precision().scaler()->get_scale());
-  torch::manual_seed(0);
+  fulgur::seed_everything(0);
   Where resumed;
   Trainer t2(opts(dir.path).accelerator("cuda").devices(1).precision("16-mixed").max_epochs(3));
   t2.fit(resumed, loader(64, 8), nullptr, last);
@@ -145,16 +164,16 @@ TEST(Cuda, ACheckpointMovesBetweenTheGpuAndTheCpu) {
   REQUIRE_GPU();
   for (const auto& [from, to] : {std::pair<std::string, std::string>{"cuda", "cpu"}, {"cpu", "cuda"}}) {
     TempDir dir;
-    torch::manual_seed(0);
+    fulgur::seed_everything(0);
     TinyRegression straight;
     Trainer ts(opts(dir.path + "/s").accelerator(from).devices(1).max_epochs(3).enable_checkpointing(false));
     ts.fit(straight, loader(64, 8));
-    torch::manual_seed(0);
+    fulgur::seed_everything(0);
     TinyRegression a;
     Trainer ta(opts(dir.path + "/a").accelerator(from).devices(1).max_epochs(2)
                    .callbacks(save_last(dir.path + "/a/checkpoints")));
     ta.fit(a, loader(64, 8));
-    torch::manual_seed(1);  // other initial weights: the checkpoint must bring them
+    fulgur::seed_everything(1);  // other initial weights: the checkpoint must bring them
     TinyRegression b;
     Trainer tb(opts(dir.path + "/b").accelerator(to).devices(1).max_epochs(3));
     tb.fit(b, loader(64, 8), nullptr, dir.path + "/a/checkpoints/last.ckpt");

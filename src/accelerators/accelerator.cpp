@@ -3,6 +3,7 @@
 #include "runtime/threads.h"
 #include <fulgur/xla/backend.h>
 
+#include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/cuda.h>
@@ -13,8 +14,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -123,12 +126,45 @@ std::string cuda_unavailable_reason() { return cuda_count().reason; }
 
 int64_t CUDAAccelerator::max_device_count() const { return cuda_device_count(); }
 
+namespace {
+
+std::mutex cuda_seed_mu;
+std::optional<uint64_t> cuda_seed;           // seed_everything's, for devices started later
+std::set<c10::DeviceIndex> cuda_started;     // devices setup_device started in this process
+
+void seed_cuda_device(c10::DeviceIndex index, uint64_t seed) {
+  at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, index));
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_current_seed(seed);
+}
+
+}  // namespace
+
+void detail::seed_cuda_generators(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(cuda_seed_mu);
+  cuda_seed = seed;
+  for (const c10::DeviceIndex i : cuda_started) seed_cuda_device(i, seed);
+}
+
 void CUDAAccelerator::setup_device(const c10::Device& device) {
   if (!device.is_cuda() || device.index() < 0 || device.index() >= cuda_device_count()) {
     throw std::invalid_argument("CUDAAccelerator: device " + device.str() + " is not one of the " +
                                 std::to_string(cuda_device_count()) + " visible CUDA devices");
   }
-  c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device);
+  try {
+    c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device);
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    throw std::runtime_error(
+        "CUDA could not start " + device.str() + " in process " + std::to_string(::getpid()) + " (" +
+        what.substr(0, what.find('\n')) +
+        "). In a worker that fulgur forked, this means the launching process had already started CUDA (a CUDA "
+        "tensor, torch::manual_seed, torch::cuda::device_count; fulgur::seed_everything does not), and a forked "
+        "process cannot use that CUDA: remove the call before fit, or start the workers with "
+        "TrainerOptions().start_method(\"spawn\")");
+  }
+  std::lock_guard<std::mutex> lock(cuda_seed_mu);
+  if (cuda_started.insert(device.index()).second && cuda_seed) seed_cuda_device(device.index(), *cuda_seed);
 }
 
 std::shared_ptr<Accelerator> make_accelerator(const std::string& name) {

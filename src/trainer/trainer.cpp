@@ -12,6 +12,9 @@
 
 #include "trainer/trainer_impl.h"
 
+#include <fulgur/accelerators/accelerator.h>
+
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim/optimizer.h>
 #include <torch/torch.h>
 
@@ -20,7 +23,15 @@
 namespace fulgur {
 
 void seed_everything(uint64_t seed) {
-  torch::manual_seed(seed);
+  // The CPU generator now; CUDA's when fulgur starts CUDA in this process (CUDAAccelerator), as
+  // Python's torch.manual_seed queues CUDA's seeding until CUDA starts. torch::manual_seed would
+  // start CUDA here, and the workers forked after that could not use it.
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(seed);
+  }
+  detail::seed_cuda_generators(seed);
   std::srand(static_cast<unsigned>(seed));
 }
 

@@ -60,8 +60,10 @@ class CUDAAccelerator : public Accelerator {
   int64_t auto_device_count() const override { return max_device_count(); }
   int64_t max_device_count() const override;
   c10::Device device(int64_t index) const override { return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index)); }
-  // Makes `device` this thread's current CUDA device. Throws naming the
-  // device when it is not a visible CUDA device.
+  // Makes `device` this thread's current CUDA device and gives its generator
+  // the seed of seed_everything, if any. Throws naming the device when it is
+  // not a visible CUDA device, and explaining the cause when CUDA cannot start
+  // in a forked worker because the launching process had started it.
   void setup_device(const c10::Device& device) override;
 };
 
@@ -73,6 +75,13 @@ class CUDAAccelerator : public Accelerator {
 int64_t cuda_device_count();
 // Why cuda_device_count() is 0, in words for an error message ("" when it is not).
 std::string cuda_unavailable_reason();
+
+namespace detail {
+// seed_everything's CUDA part: each CUDA device's default generator takes `seed` when
+// CUDAAccelerator::setup_device starts that device in this process, or now for the devices it
+// already started. Nothing here starts CUDA.
+void seed_cuda_generators(uint64_t seed);
+}  // namespace detail
 
 // "cpu", "cuda" (or its alias "gpu"), "xla", or "auto": cuda when CUDA
 // devices are visible, else xla (every machine has the lazy backend).

@@ -43,6 +43,19 @@ PluginLocations PluginLocations::built_in() {
     ::globfree(&g);
   };
   if (const std::string venv = env_or_empty("VIRTUAL_ENV"); !venv.empty()) add(venv + "/lib/python3*/site-packages");
+  // The environment of the first python3 on PATH (an activated or a listed virtual environment).
+  const std::string path = env_or_empty("PATH");
+  for (size_t start = 0; start <= path.size();) {
+    const size_t end = std::min(path.find(':', start), path.size());
+    const std::string dir = path.substr(start, end - start);
+    if (!dir.empty() && exists(dir + "/python3")) {
+      add(dir + "/../lib/python3*/site-packages");
+      break;
+    }
+    start = end + 1;
+  }
+  // The environment whose torch fulgur was built with.
+  if (const std::string torch_site = FULGUR_LIBTORCH_SITE_PACKAGES; !torch_site.empty()) others.push_back(torch_site);
   add("/usr/local/lib/python3*/dist-packages");
   add("/usr/local/lib/python3*/site-packages");
   add("/usr/lib/python3/dist-packages");

@@ -8,9 +8,11 @@
 //                                  in fulgur's virtual environment
 //   PJRT_DEVICE=CUDA               xla_cuda_plugin.so of the `jax-cuda13-pjrt` or `jax-cuda12-pjrt`
 //                                  pip package (in that order), looked for in fulgur's virtual
-//                                  environment, then the active one ($VIRTUAL_ENV), then the
-//                                  system's Python packages (/usr/local/lib/python3*/dist-packages
-//                                  and site-packages, /usr/lib/python3/dist-packages)
+//                                  environment, then the active one ($VIRTUAL_ENV), the one of
+//                                  the first python3 on PATH, the one whose torch fulgur was
+//                                  built with, then the system's Python packages
+//                                  (/usr/local/lib/python3*/dist-packages and site-packages,
+//                                  /usr/lib/python3/dist-packages)
 //   PJRT_LIBRARY_PATH=<file>       that plugin file instead, whatever PJRT_DEVICE says
 // The CPU plugin is tested in CI; the CUDA one by scripts/device-check on a GPU machine.
 
