@@ -102,7 +102,22 @@ at::Tensor Strategy::predict_step(const Batch& batch, int64_t batch_idx) {
   return model_->predict_step(precision().convert_input(batch), batch_idx);
 }
 
-void Strategy::backward(const at::Tensor& loss) { precision().pre_backward(loss).backward(); }
+void Strategy::backward(const at::Tensor& loss) {
+  try {
+    precision().pre_backward(loss).backward();
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    if (what.find("fork-based multiprocessing") == std::string::npos) throw;
+    // With a CUDA libtorch on a machine with a GPU, the first backward of a process starts the
+    // autograd engine's device threads, and libtorch refuses backward in a process forked after that.
+    throw std::runtime_error(
+        "backward failed in a forked worker: the launching process had already run a backward (a fit, or "
+        "autograd of its own) with a CUDA libtorch, whose autograd threads do not survive fork. Start the "
+        "workers with TrainerOptions().start_method(\"spawn\") (ParallelOptions::start_method for a strategy "
+        "object), or run no backward in the launching process before fit. libtorch said: " +
+        what.substr(0, what.find('\n')));
+  }
+}
 
 void Strategy::optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure,
                               const std::function<void()>& before_step) {
