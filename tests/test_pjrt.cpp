@@ -1,10 +1,14 @@
 // The PJRT runtime (src/xla/pjrt) against the real XLA CPU plugin that scripts/install-deps
 // installs, and the loader's errors on files that are not usable plugins.
 
+#include <fulgur/accelerators/accelerator.h>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -13,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "runtime/threads.h"
@@ -442,4 +447,131 @@ TEST(PjrtPluginChoice, AnInstalledPackagesPluginComesFirstAndAMissingOneNamesWhe
   const std::string what = error_of([&] { pjrt::choose_plugin({}, where); });
   for (const std::string part : {dir.path + "/gone.so", std::string("/nowhere/cpu.so"), std::string("PJRT_LIBRARY_PATH")})
     EXPECT_NE(what.find(part), std::string::npos) << part << " not in: " << what;
+}
+
+// ------------------------------------------------- one device per rank (a fake 4-device plugin)
+
+namespace {
+
+std::string fake_devices_plugin() { return fulgur::testing::program("fake_pjrt_devices.so"); }
+
+pjrt::ClientOptions rank_options(int64_t local_rank) {
+  pjrt::ClientOptions o;
+  o.cpu_device_count.reset();  // the fake plugin refuses options it does not know
+  o.local_rank = local_rank;
+  return o;
+}
+
+// In a forked child with `env` set: process_client()'s device id * 10 + its addressable devices
+// as the exit code (99: it threw, the message on stderr), and the TPU variables it was given
+// written to `tpu_out`, one NAME=value per line.
+int process_client_in_child(const std::vector<std::pair<std::string, std::string>>& env, const std::string& tpu_out) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    try {
+      pjrt::Client& c = pjrt::process_client();
+      std::ofstream out(tpu_out);
+      for (const char* name : {"TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS",
+                               "TPU_PROCESS_PORT", "TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID"})
+        if (const char* v = std::getenv(name)) out << name << "=" << v << "\n";
+      out.close();
+      std::_Exit(static_cast<int>(c.device_id() * 10 + static_cast<int64_t>(c.addressable_devices())));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      std::_Exit(99);
+    }
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+TEST(PjrtDevicePerRank, EachLocalRankTakesItsOwnDeviceOfAPluginThatShowsThemAll) {
+  const pjrt::Plugin& plugin = pjrt::Plugin::load(fake_devices_plugin());
+  for (int64_t k = 0; k < 4; ++k) {
+    pjrt::Client client(plugin, rank_options(k));
+    EXPECT_EQ(client.addressable_devices(), 4u);
+    EXPECT_EQ(client.device_id(), k);
+  }
+  const std::string what = error_of([&] { pjrt::Client client(plugin, rank_options(4)); });
+  for (const char* part : {"local rank 4", "shows 4", "start at most 4 processes"})
+    EXPECT_NE(what.find(part), std::string::npos) << part << " not in: " << what;
+}
+
+TEST(PjrtDevicePerRank, VisibleDevicesLeaveTheClientTheDeviceOfItsRank) {
+  const pjrt::Plugin& plugin = pjrt::Plugin::load(fake_devices_plugin());
+  auto o = rank_options(2);
+  o.visible_devices = std::vector<int64_t>{2};
+  pjrt::Client client(plugin, o);
+  EXPECT_EQ(client.addressable_devices(), 1u);
+  EXPECT_EQ(client.device_id(), 2);
+}
+
+// What each rank's process gets from its environment: with PJRT_DEVICE=CUDA the plugin is told
+// the one device the rank owns; with another plugin that shows every device the rank takes its
+// own; with PJRT_DEVICE=TPU the rank's libtpu variables are set before the client exists.
+TEST(PjrtDevicePerRank, EachRanksProcessGetsItsDeviceFromItsEnvironment) {
+  TempDir dir;
+  const std::string tpu = dir.path + "/tpu.txt";
+  for (int k = 0; k < 2; ++k) {
+    const std::vector<std::pair<std::string, std::string>> base{
+        {"PJRT_LIBRARY_PATH", fake_devices_plugin()}, {"LOCAL_RANK", std::to_string(k)}, {"LOCAL_WORLD_SIZE", "2"}};
+    auto cuda = base;
+    cuda.emplace_back("PJRT_DEVICE", "CUDA");
+    EXPECT_EQ(process_client_in_child(cuda, tpu), k * 10 + 1) << "CUDA, rank " << k;
+    auto plain = base;
+    plain.emplace_back("PJRT_DEVICE", "");
+    EXPECT_EQ(process_client_in_child(plain, tpu), k * 10 + 4) << "a plugin showing all, rank " << k;
+  }
+  const std::vector<std::pair<std::string, std::string>> tpu_rank{{"PJRT_LIBRARY_PATH", fake_devices_plugin()},
+                                                                  {"PJRT_DEVICE", "TPU"},
+                                                                  {"LOCAL_RANK", "3"},
+                                                                  {"LOCAL_WORLD_SIZE", "4"}};
+  EXPECT_EQ(process_client_in_child(tpu_rank, tpu), 3 * 10 + 4);
+  EXPECT_EQ(fulgur::testing::read_file(tpu),
+            "TPU_VISIBLE_CHIPS=3\nTPU_CHIPS_PER_PROCESS_BOUNDS=1,1,1\nTPU_PROCESS_BOUNDS=2,2,1\nTPU_PROCESS_PORT=8479\n"
+            "TPU_PROCESS_ADDRESSES=localhost:8476,localhost:8477,localhost:8478,localhost:8479\nCLOUD_TPU_TASK_ID=3\n");
+  auto too_many = tpu_rank;
+  too_many[2].second = "4";
+  EXPECT_EQ(process_client_in_child(too_many, tpu), 99) << "rank 4 of a 4-device plugin";
+}
+
+TEST(PjrtDevicePerRank, TpuVariablesFollowTheHostsAndKeepTheUsers) {
+  std::map<std::string, std::string> env{{"TPU_HOST_BOUNDS", "1,1,2"}, {"TPU_WORKER_ID", "1"},
+                                         {"TPU_WORKER_HOSTNAMES", "10.0.0.1,10.0.0.2"}, {"TPU_PROCESS_PORT", "9000"}};
+  auto lookup = [&](const char* n) -> const char* {
+    const auto it = env.find(n);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  std::map<std::string, std::string> got;
+  for (const auto& [k, v] : pjrt::tpu_process_environment(1, 4, lookup)) got[k] = v;
+  EXPECT_EQ(got.at("TPU_VISIBLE_CHIPS"), "1");
+  EXPECT_EQ(got.at("TPU_PROCESS_BOUNDS"), "2,2,2");
+  EXPECT_EQ(got.count("TPU_PROCESS_PORT"), 0u) << "the user's value is kept";
+  EXPECT_EQ(got.at("CLOUD_TPU_TASK_ID"), "5");
+  EXPECT_EQ(got.at("TPU_PROCESS_ADDRESSES"),
+            "10.0.0.1:8476,10.0.0.1:8477,10.0.0.1:8478,10.0.0.1:8479,10.0.0.2:8476,10.0.0.2:8477,10.0.0.2:8478,"
+            "10.0.0.2:8479");
+  const auto none = [](const char*) -> const char* { return nullptr; };
+  const std::string three = error_of([&] { pjrt::tpu_process_environment(0, 3, none); });
+  EXPECT_NE(three.find("TPU_CHIPS_PER_HOST_BOUNDS"), std::string::npos) << three;
+  env = {{"TPU_CHIPS_PER_HOST_BOUNDS", "2,x,1"}};
+  const std::string bad = error_of([&] { pjrt::tpu_process_environment(0, 4, lookup); });
+  EXPECT_NE(bad.find("TPU_CHIPS_PER_HOST_BOUNDS='2,x,1'"), std::string::npos) << bad;
+}
+
+// devices="auto" on xla with a plugin other than the CPU one: the plugin's addressable devices.
+TEST(PjrtDevicePerRank, AutoDevicesOfAGpuOrTpuPluginAreItsAddressableDevices) {
+  setenv("PJRT_LIBRARY_PATH", fake_devices_plugin().c_str(), 1);
+  setenv("FAKE_PJRT_DEVICES", "3", 1);
+  EXPECT_EQ(fulgur::XLAAccelerator().auto_device_count(), 3);
+  EXPECT_EQ(fulgur::parse_devices("auto", fulgur::XLAAccelerator()).size(), 3u);
+  setenv("PJRT_LIBRARY_PATH", "/nonexistent/plugin.so", 1);
+  const std::string what = error_of([] { fulgur::XLAAccelerator().auto_device_count(); });
+  EXPECT_NE(what.find("/nonexistent/plugin.so"), std::string::npos) << what;
+  unsetenv("PJRT_LIBRARY_PATH");
+  unsetenv("FAKE_PJRT_DEVICES");
 }

@@ -1,6 +1,7 @@
 #include <fulgur/accelerators/accelerator.h>
 
 #include "runtime/threads.h"
+#include "xla/pjrt/client.h"
 #include <fulgur/xla/backend.h>
 
 #include <ATen/Context.h>
@@ -62,6 +63,13 @@ int64_t XLAAccelerator::auto_device_count() const {
       throw std::invalid_argument(std::string("XLA_NUM_DEVICES='") + env + "' must be a positive integer");
     }
     return n;
+  }
+  // A GPU or TPU plugin (or one named by path): its addressable devices, counted in a child
+  // process. The CPU plugin: one process per core, each with its own one-device client.
+  const char* device = std::getenv("PJRT_DEVICE");
+  const char* library = std::getenv("PJRT_LIBRARY_PATH");
+  if ((device && (std::string(device) == "CUDA" || std::string(device) == "TPU")) || (library && *library)) {
+    return xla::pjrt::count_addressable_devices_in_child();
   }
   return runtime::available_cores();
 }

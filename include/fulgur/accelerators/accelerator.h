@@ -39,7 +39,9 @@ class CPUAccelerator : public Accelerator {
 class XLAAccelerator : public Accelerator {
  public:
   std::string name() const override { return "xla"; }
-  // XLA_NUM_DEVICES if set (a positive integer), else the number of cores.
+  // XLA_NUM_DEVICES if set (a positive integer); else, with PJRT_DEVICE=CUDA or TPU or a
+  // PJRT_LIBRARY_PATH plugin, the plugin's addressable devices (counted in a child process);
+  // else (the CPU plugin) the number of cores.
   int64_t auto_device_count() const override;
   int64_t max_device_count() const override;
   // The xla device of this process (each process owns one).

@@ -5,13 +5,16 @@
 #include <pjrt_c_api.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <stdexcept>
 #include <utility>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "runtime/threads.h"
@@ -330,8 +333,8 @@ Client::Client(const Plugin& plugin, const ClientOptions& options) : plugin_(&pl
   set_thread_count(options.local_world_size);
   const PluginLocations pinned = PluginLocations::built_in();
   if (plugin.path() == pinned.cpu_plugin || plugin.path() == pinned.installed_cpu_plugin) set_cpu_plugin_flag_defaults();
-  const std::string device_count = "cpu_device_count";
-  PJRT_NamedValue create_options[1]{};
+  const std::string device_count = "cpu_device_count", visible = "visible_devices";
+  PJRT_NamedValue create_options[2]{};
   size_t num_options = 0;
   if (options.cpu_device_count) {
     PJRT_NamedValue& v = create_options[num_options++];
@@ -341,6 +344,15 @@ Client::Client(const Plugin& plugin, const ClientOptions& options) : plugin_(&pl
     v.type = PJRT_NamedValue_kInt64;
     v.int64_value = *options.cpu_device_count;
     v.value_size = 1;
+  }
+  if (options.visible_devices) {
+    PJRT_NamedValue& v = create_options[num_options++];
+    v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    v.name = visible.c_str();
+    v.name_size = visible.size();
+    v.type = PJRT_NamedValue_kInt64List;
+    v.int64_array_value = options.visible_devices->data();
+    v.value_size = options.visible_devices->size();
   }
   PJRT_Client_Create_Args c{};
   c.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE;
@@ -361,7 +373,20 @@ Client::Client(const Plugin& plugin, const ClientOptions& options) : plugin_(&pl
     if (d.num_addressable_devices == 0)
       throw PjrtError("PJRT_Client_AddressableDevices", plugin.path(), "the client has no addressable device");
     addressable_devices_ = d.num_addressable_devices;
-    device_ = d.addressable_devices[0];
+    // One device: the process was given its own (visible_devices, TPU_VISIBLE_CHIPS, the CPU
+    // plugin's one device). Several: local rank k takes the k-th, as torch_xla does.
+    size_t k = 0;
+    if (addressable_devices_ > 1) {
+      if (options.local_rank < 0 || static_cast<size_t>(options.local_rank) >= addressable_devices_)
+        throw PjrtError("PJRT_Client_AddressableDevices", plugin.path(),
+                        "local rank " + std::to_string(options.local_rank) + " takes addressable device " +
+                            std::to_string(options.local_rank) + ", but the plugin shows " +
+                            std::to_string(addressable_devices_) + " (devices 0.." +
+                            std::to_string(addressable_devices_ - 1) + "); start at most " +
+                            std::to_string(addressable_devices_) + " processes on this machine");
+      k = static_cast<size_t>(options.local_rank);
+    }
+    device_ = d.addressable_devices[k];
   } catch (...) {
     PJRT_Client_Destroy_Args x{};
     x.struct_size = PJRT_Client_Destroy_Args_STRUCT_SIZE;
@@ -369,6 +394,121 @@ Client::Client(const Plugin& plugin, const ClientOptions& options) : plugin_(&pl
     destroy_quietly(plugin, plugin.api()->PJRT_Client_Destroy(&x));
     throw;
   }
+}
+
+int64_t Client::device_id() const {
+  PJRT_Device_GetDescription_Args g{};
+  g.struct_size = PJRT_Device_GetDescription_Args_STRUCT_SIZE;
+  g.device = device_;
+  plugin_->check(plugin_->api()->PJRT_Device_GetDescription(&g), "PJRT_Device_GetDescription");
+  PJRT_DeviceDescription_Id_Args i{};
+  i.struct_size = PJRT_DeviceDescription_Id_Args_STRUCT_SIZE;
+  i.device_description = g.device_description;
+  plugin_->check(plugin_->api()->PJRT_DeviceDescription_Id(&i), "PJRT_DeviceDescription_Id");
+  return i.id;
+}
+
+int64_t count_addressable_devices_in_child() {
+  int fds[2];
+  if (::pipe(fds) != 0) throw std::runtime_error(std::string("counting the PJRT devices: pipe: ") + std::strerror(errno));
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string answer;
+    try {
+      answer = "ok " + std::to_string(process_client().addressable_devices());
+    } catch (const std::exception& e) {
+      answer = std::string("error ") + e.what();
+    }
+    const ssize_t n = ::write(fds[1], answer.data(), answer.size());
+    ::_exit(n == static_cast<ssize_t>(answer.size()) ? 0 : 1);
+  }
+  ::close(fds[1]);
+  if (pid < 0) {
+    ::close(fds[0]);
+    throw std::runtime_error(std::string("counting the PJRT devices: fork: ") + std::strerror(errno));
+  }
+  std::string answer;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    answer.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (answer.rfind("ok ", 0) == 0) return std::stoll(answer.substr(3));
+  throw std::runtime_error("counting the PJRT devices for devices=\"auto\": " +
+                           (answer.empty() ? std::string("the counting process died") : answer.substr(6)));
+}
+
+namespace {
+
+std::vector<int64_t> parse_grid(const std::string& text, const char* name) {
+  std::vector<int64_t> dims;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    const std::string part = text.substr(start, end - start);
+    int64_t v = 0;
+    bool ok = !part.empty() && part.size() < 10;
+    for (char c : part) ok = ok && c >= '0' && c <= '9';
+    if (ok) v = std::stoll(part);
+    if (!ok || v < 1)
+      throw std::invalid_argument(std::string(name) + "='" + text + "' is not a grid of three positive counts like 2,2,1");
+    dims.push_back(v);
+    start = end + 1;
+  }
+  if (dims.size() != 3)
+    throw std::invalid_argument(std::string(name) + "='" + text + "' is not a grid of three positive counts like 2,2,1");
+  return dims;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> tpu_process_environment(
+    int64_t local_rank, int64_t local_world_size, const std::function<const char*(const char*)>& env) {
+  std::vector<std::pair<std::string, std::string>> out;
+  auto set = [&](const char* name, const std::string& value) {
+    if (!env(name)) out.emplace_back(name, value);
+  };
+  std::vector<int64_t> chips;
+  if (const char* v = env("TPU_CHIPS_PER_HOST_BOUNDS")) {
+    chips = parse_grid(v, "TPU_CHIPS_PER_HOST_BOUNDS");
+  } else if (local_world_size == 1 || local_world_size == 2 || local_world_size == 4 || local_world_size == 8) {
+    chips = local_world_size == 1   ? std::vector<int64_t>{1, 1, 1}
+            : local_world_size == 2 ? std::vector<int64_t>{1, 2, 1}
+            : local_world_size == 4 ? std::vector<int64_t>{2, 2, 1}
+                                    : std::vector<int64_t>{2, 4, 1};
+  } else {
+    throw std::invalid_argument("a TPU host with " + std::to_string(local_world_size) +
+                                " processes has no default chip grid (1, 2, 4 or 8 processes have one); set "
+                                "TPU_CHIPS_PER_HOST_BOUNDS, e.g. 2,2,1");
+  }
+  const std::vector<int64_t> hosts = env("TPU_HOST_BOUNDS") ? parse_grid(env("TPU_HOST_BOUNDS"), "TPU_HOST_BOUNDS")
+                                                            : std::vector<int64_t>{1, 1, 1};
+  const int64_t worker = env("TPU_WORKER_ID") ? std::stoll(env("TPU_WORKER_ID")) : 0;
+  constexpr int64_t kBasePort = 8476;
+  std::string addresses;
+  const std::string hostnames = env("TPU_WORKER_HOSTNAMES") ? env("TPU_WORKER_HOSTNAMES") : "localhost";
+  size_t start = 0;
+  while (start <= hostnames.size()) {
+    const size_t end = std::min(hostnames.find(',', start), hostnames.size());
+    const std::string host = hostnames.substr(start, end - start);
+    for (int64_t r = 0; r < local_world_size; ++r)
+      addresses += (addresses.empty() ? "" : ",") + host + ":" + std::to_string(kBasePort + r);
+    start = end + 1;
+  }
+  set("TPU_VISIBLE_CHIPS", std::to_string(local_rank));
+  set("TPU_CHIPS_PER_PROCESS_BOUNDS", "1,1,1");
+  set("TPU_PROCESS_BOUNDS", std::to_string(chips[0] * hosts[0]) + "," + std::to_string(chips[1] * hosts[1]) + "," +
+                                std::to_string(chips[2] * hosts[2]));
+  set("TPU_PROCESS_PORT", std::to_string(kBasePort + local_rank));
+  set("TPU_PROCESS_ADDRESSES", addresses);
+  set("CLOUD_TPU_TASK_ID", std::to_string(worker * local_world_size + local_rank));
+  return out;
 }
 
 Client::~Client() {
@@ -427,6 +567,15 @@ Client& process_client() {
     if (choice.device != "CPU") options.cpu_device_count.reset();
     // A malformed value is an error naming it (it used to become 1 silently).
     options.local_world_size = std::max<int64_t>(1, runtime::env_int("LOCAL_WORLD_SIZE", 1));
+    options.local_rank = std::max<int64_t>(0, runtime::env_int("LOCAL_RANK", 0));
+    // Several workers on this machine: each owns one device, told to the plugin before the client
+    // exists where the plugin has a way (the GPU plugin's visible devices, libtpu's variables).
+    if (options.local_world_size > 1 && choice.device == "CUDA") options.visible_devices = std::vector<int64_t>{options.local_rank};
+    if (options.local_world_size > 1 && choice.device == "TPU") {
+      for (const auto& [name, value] : tpu_process_environment(options.local_rank, options.local_world_size,
+                                                               [](const char* n) { return std::getenv(n); }))
+        setenv(name.c_str(), value.c_str(), 0);
+    }
     return new Client(Plugin::load(choice.path), options);
   }();
   if (::getpid() != creator)

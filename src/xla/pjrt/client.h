@@ -18,9 +18,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xla/pjrt/plugin.h"
@@ -105,9 +107,36 @@ struct ClientOptions {
   // thread pools) is set to runtime::threads_per_worker(local_world_size), unless the
   // environment already has PJRT_NPROC.
   int64_t local_world_size = 1;
+  // This process's place among the workers of its machine: when the plugin shows this process
+  // several addressable devices, it takes the local_rank-th (one device per rank, as torch_xla).
+  int64_t local_rank = 0;
+  // The `visible_devices` create option (the PJRT GPU plugin's: the CUDA devices the client may
+  // use); unset: not passed.
+  std::optional<std::vector<int64_t>> visible_devices;
   // (A client of the pinned CPU plugin also adds fulgur's XLA options to XLA_FLAGS, each unless
   // XLA_FLAGS names it already: reductions as XNNPACK fusions.)
 };
+
+// The variables torch_xla sets for each process of a multi-process job on a TPU host (its
+// _internal/tpu.py configure_topology), before the process's client exists: the chip it owns
+// (TPU_VISIBLE_CHIPS = local_rank, TPU_CHIPS_PER_PROCESS_BOUNDS = 1,1,1), the processes' grid
+// (TPU_PROCESS_BOUNDS = the host's chip grid times the hosts' grid), its port and every
+// process's address (TPU_PROCESS_PORT = 8476 + local_rank, TPU_PROCESS_ADDRESSES over the hosts
+// of TPU_WORKER_HOSTNAMES, default localhost), and its task id (CLOUD_TPU_TASK_ID = worker id *
+// local_world_size + local_rank, worker id from TPU_WORKER_ID, default 0). The host's chip grid
+// is TPU_CHIPS_PER_HOST_BOUNDS, else by the number of processes (1: 1,1,1; 2: 1,2,1; 4: 2,2,1;
+// 8: 2,4,1); the hosts' grid TPU_HOST_BOUNDS, else 1,1,1. `env` gives a variable's value or
+// nullptr; a variable it already has is left out (the user's value wins). Throws
+// std::invalid_argument naming a value that is not a grid "x,y,z" or a process count without a
+// default grid.
+// The addressable devices process_client() would see in this process, counted by a child
+// process that creates it (so that this process never starts a plugin, whose threads do not
+// survive the fork of the workers). Throws std::runtime_error with the child's message when the
+// client cannot be made.
+int64_t count_addressable_devices_in_child();
+
+std::vector<std::pair<std::string, std::string>> tpu_process_environment(
+    int64_t local_rank, int64_t local_world_size, const std::function<const char*(const char*)>& env);
 
 class Client {
  public:
@@ -120,6 +149,8 @@ class Client {
   const Plugin& plugin() const { return *plugin_; }
   const std::string& platform_name() const { return platform_name_; }
   size_t addressable_devices() const { return addressable_devices_; }
+  // The id the plugin gives this client's device (PJRT_DeviceDescription_Id).
+  int64_t device_id() const;
 
   // Compiles a StableHLO module given as MLIR text (format "mlir") for one replica and one
   // partition. Throws PjrtError with the plugin's diagnostics if the program is rejected.

@@ -38,6 +38,8 @@ constexpr size_t kApiFieldsUsed = [] {
                    PJRT_STRUCT_SIZE(PJRT_Api, PJRT_Event_Await), PJRT_STRUCT_SIZE(PJRT_Api, PJRT_Client_Create),
                    PJRT_STRUCT_SIZE(PJRT_Api, PJRT_Client_Destroy), PJRT_STRUCT_SIZE(PJRT_Api, PJRT_Client_PlatformName),
                    PJRT_STRUCT_SIZE(PJRT_Api, PJRT_Client_AddressableDevices),
+                   PJRT_STRUCT_SIZE(PJRT_Api, PJRT_Device_GetDescription),
+                   PJRT_STRUCT_SIZE(PJRT_Api, PJRT_DeviceDescription_Id),
                    PJRT_STRUCT_SIZE(PJRT_Api, PJRT_Client_Compile),
                    PJRT_STRUCT_SIZE(PJRT_Api, PJRT_Client_BufferFromHostBuffer),
                    PJRT_STRUCT_SIZE(PJRT_Api, PJRT_LoadedExecutable_Destroy),
