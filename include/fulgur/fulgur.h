@@ -23,6 +23,7 @@
 #include <fulgur/loggers/csv_logger.h>
 #include <fulgur/loggers/logger.h>
 #include <fulgur/loggers/tensorboard_logger.h>
+#include <fulgur/lr_scheduler.h>
 #include <fulgur/module_mover.h>
 #include <fulgur/plugins/environments/cluster_environment.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
