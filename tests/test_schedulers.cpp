@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -45,6 +46,14 @@ run('lambda', lambda o: L.LambdaLR(o, lambda e: 1.0 / (1.0 + e)))
 run('onecycle', lambda o: L.OneCycleLR(o, max_lr=0.5, total_steps=12))
 run('onecycle3', lambda o: L.OneCycleLR(o, max_lr=[0.5, 0.5], total_steps=12, anneal_strategy='linear', three_phase=True, pct_start=0.25))
 run('sequential', lambda o: L.SequentialLR(o, [L.LinearLR(o, start_factor=0.5, total_iters=2), L.ExponentialLR(o, gamma=0.8)], milestones=[3]))
+values = [1.0, 0.9, 0.95, 0.95, 0.95, 0.95, 0.8, 0.85, float('nan'), 0.85, 0.85, 0.85, 0.7, 0.75, 0.75, 0.75, 0.75]
+for mode, tmode, th in [('min', 'rel', 1e-4), ('min', 'abs', 0.06), ('max', 'rel', 1e-4)]:
+    o = opt(); s = L.ReduceLROnPlateau(o, mode=mode, factor=0.5, patience=2, threshold=th, threshold_mode=tmode, cooldown=1, min_lr=0.004)
+    rows = []
+    for v in values:
+        s.step(v if mode == 'min' else -v)
+        rows.append(' '.join(repr(g['lr']) for g in o.param_groups) + ' ' + repr(s.num_bad_epochs) + ' ' + repr(s.cooldown_counter))
+    print('plateau-' + mode + '-' + tmode + ': ' + ' | '.join(rows))
 )";
 
 std::map<std::string, std::vector<std::vector<double>>> python_schedules() {
@@ -117,7 +126,7 @@ TEST(LrScheduler, EveryScheduleMatchesPythonsStepByStep) {
          return std::make_shared<lrs::SequentialLR>(o, std::vector<std::shared_ptr<lrs::Schedule>>{warm, decay},
                                                     std::vector<int64_t>{3});
        }}};
-  ASSERT_EQ(python.size(), makers.size()) << "Python printed other schedules";
+  ASSERT_EQ(python.size(), makers.size() + 3) << "Python printed other schedules";
   for (const auto& [name, make] : makers) {
     const auto want = python.at(name);
     const auto got = ours(make);
@@ -127,6 +136,30 @@ TEST(LrScheduler, EveryScheduleMatchesPythonsStepByStep) {
       for (size_t j = 0; j < got[k].size(); ++j)
         EXPECT_NEAR(got[k][j], want[k][j], 1e-12 * std::max(1.0, std::abs(want[k][j])))
             << name << " epoch " << k << (j + 1 == got[k].size() ? " momentum" : " group " + std::to_string(j));
+    }
+  }
+}
+
+TEST(LrScheduler, ReduceLROnPlateauMatchesPythonsStepByStep) {
+  const auto python = python_schedules();
+  const std::vector<double> values{1.0, 0.9, 0.95, 0.95, 0.95, 0.95, 0.8, 0.85, std::nan(""), 0.85, 0.85, 0.85, 0.7, 0.75, 0.75, 0.75, 0.75};
+  for (const auto& [mode, tmode, th] : {std::tuple<std::string, std::string, double>{"min", "rel", 1e-4},
+                                        {"min", "abs", 0.06}, {"max", "rel", 1e-4}}) {
+    const std::string name = "plateau-" + mode + "-" + tmode;
+    auto a = torch::zeros({2}, torch::requires_grad()), b = torch::zeros({2}, torch::requires_grad());
+    std::vector<torch::optim::OptimizerParamGroup> groups{
+        torch::optim::OptimizerParamGroup({a}),
+        torch::optim::OptimizerParamGroup({b}, std::make_unique<torch::optim::SGDOptions>(0.02))};
+    torch::optim::SGD sgd(groups, torch::optim::SGDOptions(0.1));
+    lrs::ReduceLROnPlateau s(sgd, lrs::ReduceLROnPlateauOptions().mode(mode).factor(0.5).patience(2).threshold(th)
+                                      .threshold_mode(tmode).cooldown(1).min_lr(0.004));
+    const auto& want = python.at(name);
+    ASSERT_EQ(want.size(), values.size()) << name;
+    for (size_t k = 0; k < values.size(); ++k) {
+      s.step(mode == "min" ? values[k] : -values[k]);
+      const std::vector<double> got{sgd.param_groups()[0].options().get_lr(), sgd.param_groups()[1].options().get_lr(),
+                                    static_cast<double>(s.num_bad_epochs()), static_cast<double>(s.cooldown_counter())};
+      for (size_t j = 0; j < got.size(); ++j) EXPECT_NEAR(got[j], want[k][j], 1e-12) << name << " step " << k << " column " << j;
     }
   }
 }
@@ -200,4 +233,70 @@ TEST(LrScheduler, AResumedFitContinuesTheScheduleOfTheUninterruptedOne) {
   for (int e = 0; e < 6; ++e) python_values << e << " " << 0.01 + 0.09 * (1 + std::cos(M_PI * e / 4)) / 2 << "\n";
   EXPECT_EQ(read_file(full.path + "/lr.txt"), python_values.str());
   EXPECT_TRUE(torch::equal(got, want)) << got << "\n" << want;
+}
+
+namespace {
+
+// SGD with a ReduceLROnPlateau on `monitor` (val_loss by default), stepped per epoch.
+struct Plateau : fulgur::testing::TinyRegression {
+  Plateau(std::string lr_log, std::string monitor, bool strict)
+      : TinyRegression(0.1), log_path(std::move(lr_log)), monitor(std::move(monitor)), strict(strict) {}
+  std::string log_path, monitor;
+  bool strict;
+  OptimizerConfig configure_optimizers() override {
+    auto sgd = std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+    auto p = std::make_shared<lrs::ReduceLROnPlateau>(*sgd, lrs::ReduceLROnPlateauOptions().patience(0).factor(0.5).threshold(0.5));
+    return OptimizerConfig({sgd}, {SchedulerConfig(p).monitor(monitor).strict(strict)});
+  }
+  void on_train_epoch_start() override {
+    auto& opt = *trainer()->strategy().optimizer_config().optimizers.front();
+    std::ofstream(log_path, std::ios::app) << trainer()->current_epoch() << " " << opt.param_groups()[0].options().get_lr() << "\n";
+  }
+};
+
+at::Tensor fit_plateau(const std::string& dir, int64_t epochs, const std::string& ckpt, const std::string& monitor = "val_loss",
+                       bool strict = true) {
+  std::filesystem::create_directories(dir);
+  torch::manual_seed(5);
+  Plateau m(dir + "/lr.txt", monitor, strict);
+  Trainer t(TrainerOptions().accelerator("cpu").devices(1).max_epochs(epochs).default_root_dir(dir).logger(false)
+                .enable_progress_bar(false).enable_model_summary(false).num_sanity_val_steps(0)
+                .callbacks({std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().dirpath(dir + "/ck").save_last(true))}));
+  auto data = [] { return std::make_shared<DataLoader>(fulgur::testing::regression_data(32), DataLoaderOptions(8).shuffle(true).seed(2)); };
+  t.fit(m, data(), data(), ckpt);
+  return m.fc->weight.detach().clone();
+}
+
+}  // namespace
+
+// The plateau's rate follows val_loss (threshold 0.5, patience 0: it halves whenever val_loss
+// did not halve), and a resumed fit takes the step the interrupted epoch still owed.
+TEST(LrScheduler, ReduceLROnPlateauFollowsTheMonitoredMetricAndResumes) {
+  TempDir full, part;
+  const at::Tensor want = fit_plateau(full.path, 6, "");
+  fit_plateau(part.path, 3, "");
+  const at::Tensor got = fit_plateau(part.path, 6, part.path + "/ck/last.ckpt");
+  const std::string lrs_full = read_file(full.path + "/lr.txt");
+  EXPECT_EQ(read_file(part.path + "/lr.txt"), lrs_full);
+  EXPECT_NE(lrs_full.find(" 0.05\n"), std::string::npos) << "the rate never dropped: " << lrs_full;
+  EXPECT_TRUE(torch::equal(got, want)) << got << "\n" << want;
+}
+
+TEST(LrScheduler, ReduceLROnPlateauNeedsAMonitorAndALoggedMetric) {
+  TempDir dir;
+  try {
+    fit_plateau(dir.path + "/a", 1, "", "");
+    ADD_FAILURE() << "no monitor accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("needs the metric it follows"));
+  }
+  try {
+    fit_plateau(dir.path + "/b", 1, "", "val_acc");
+    ADD_FAILURE() << "a metric never logged accepted";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("follows 'val_acc', which is not logged"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("val_loss"));
+  }
+  fit_plateau(dir.path + "/c", 2, "", "val_acc", /*strict=*/false);  // skipped with a warning
+  EXPECT_EQ(read_file(dir.path + "/c/lr.txt"), "0 0.1\n1 0.1\n");
 }

@@ -173,4 +173,48 @@ class SequentialLR : public Schedule {
   std::vector<int64_t> milestones_;
 };
 
+// Python's ReduceLROnPlateau: when the monitored value has not improved (by `threshold`,
+// relative or absolute) for more than `patience` steps, every group's rate is multiplied by
+// `factor` (not below `min_lr`; changes smaller than `eps` are skipped), then `cooldown` steps
+// pass before bad steps count again. It steps with a value: step(metric). The Trainer steps it
+// with SchedulerConfig::monitor's logged value, as Lightning does (SchedulerConfig::monitor is
+// required with it), and keeps its state in checkpoints.
+struct ReduceLROnPlateauOptions {
+  TORCH_ARG(std::string, mode) = "min";
+  TORCH_ARG(double, factor) = 0.1;
+  TORCH_ARG(int64_t, patience) = 10;
+  TORCH_ARG(double, threshold) = 1e-4;
+  TORCH_ARG(std::string, threshold_mode) = "rel";
+  TORCH_ARG(int64_t, cooldown) = 0;
+  TORCH_ARG(double, min_lr) = 0.0;
+  TORCH_ARG(double, eps) = 1e-8;
+};
+class ReduceLROnPlateau : public torch::optim::LRScheduler {
+ public:
+  explicit ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options = {});
+  // One step with the monitored value (NaN counts as no improvement, as in Python).
+  void step(double metric);
+  using torch::optim::LRScheduler::step;  // throws: this scheduler needs the value
+  double best() const { return best_; }
+  int64_t num_bad_epochs() const { return num_bad_epochs_; }
+  int64_t cooldown_counter() const { return cooldown_counter_; }
+  int64_t last_epoch() const { return last_epoch_; }
+  const ReduceLROnPlateauOptions& options() const { return options_; }
+  // Restores what a checkpoint keeps (Python's state_dict keys best, num_bad_epochs,
+  // cooldown_counter, last_epoch); throws std::invalid_argument for a negative count.
+  void restore(double best, int64_t num_bad_epochs, int64_t cooldown_counter, int64_t last_epoch);
+
+ protected:
+  std::vector<double> get_lrs() override;
+
+ private:
+  bool is_better(double value) const;
+  torch::optim::Optimizer& optimizer_;
+  ReduceLROnPlateauOptions options_;
+  double best_;
+  int64_t num_bad_epochs_ = 0;
+  int64_t cooldown_counter_ = 0;
+  int64_t last_epoch_ = 0;
+};
+
 }  // namespace fulgur::lr_scheduler

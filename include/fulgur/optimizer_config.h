@@ -34,6 +34,11 @@ struct SchedulerConfig {
   TORCH_ARG(int64_t, optimizer_index) = 0;
   // Name used by LearningRateMonitor; default "lr-<Optimizer>".
   TORCH_ARG(std::string, name) = "";
+  // The logged metric a lr_scheduler::ReduceLROnPlateau steps with (required with one, as in
+  // Lightning). strict: a missing metric at a step is an error naming the logged ones; false:
+  // the step is skipped with a warning.
+  TORCH_ARG(std::string, monitor) = "";
+  TORCH_ARG(bool, strict) = true;
 };
 
 // What configure_optimizers returns: one or several optimizers and their

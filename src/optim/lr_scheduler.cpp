@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
@@ -222,6 +223,64 @@ std::vector<double> SequentialLR::lrs_at(int64_t epoch) const {
   const size_t idx = static_cast<size_t>(std::upper_bound(milestones_.begin(), milestones_.end(), epoch) - milestones_.begin());
   const int64_t from = idx == 0 ? 0 : milestones_[idx - 1];
   return schedulers_[idx]->lrs_at(epoch - from);
+}
+
+ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, ReduceLROnPlateauOptions options)
+    : torch::optim::LRScheduler(optimizer), optimizer_(optimizer), options_(std::move(options)) {
+  const auto& o = options_;
+  require(o.mode() == "min" || o.mode() == "max", "ReduceLROnPlateau: mode='" + o.mode() + "' is not known; valid: \"min\", \"max\"");
+  require(o.threshold_mode() == "rel" || o.threshold_mode() == "abs",
+          "ReduceLROnPlateau: threshold_mode='" + o.threshold_mode() + "' is not known; valid: \"rel\", \"abs\"");
+  require(o.factor() < 1.0 && o.factor() >= 0.0, "ReduceLROnPlateau: factor=" + num(o.factor()) + " must be < 1.0 (and >= 0)");
+  require(o.patience() >= 0, "ReduceLROnPlateau: patience=" + std::to_string(o.patience()) + " must be >= 0");
+  require(o.cooldown() >= 0, "ReduceLROnPlateau: cooldown=" + std::to_string(o.cooldown()) + " must be >= 0");
+  best_ = o.mode() == "min" ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
+}
+
+bool ReduceLROnPlateau::is_better(double a) const {
+  const auto& o = options_;
+  if (o.mode() == "min" && o.threshold_mode() == "rel") return a < best_ * (1.0 - o.threshold());
+  if (o.mode() == "min") return a < best_ - o.threshold();
+  if (o.threshold_mode() == "rel") return a > best_ * (o.threshold() + 1.0);
+  return a > best_ + o.threshold();
+}
+
+void ReduceLROnPlateau::step(double metric) {
+  ++last_epoch_;
+  if (is_better(metric)) {
+    best_ = metric;
+    num_bad_epochs_ = 0;
+  } else {
+    ++num_bad_epochs_;
+  }
+  if (cooldown_counter_ > 0) {
+    --cooldown_counter_;
+    num_bad_epochs_ = 0;
+  }
+  if (num_bad_epochs_ > options_.patience()) {
+    for (auto& group : optimizer_.param_groups()) {
+      const double old_lr = group.options().get_lr();
+      const double new_lr = std::max(old_lr * options_.factor(), options_.min_lr());
+      if (old_lr - new_lr > options_.eps()) group.options().set_lr(new_lr);
+    }
+    cooldown_counter_ = options_.cooldown();
+    num_bad_epochs_ = 0;
+  }
+}
+
+void ReduceLROnPlateau::restore(double best, int64_t num_bad_epochs, int64_t cooldown_counter, int64_t last_epoch) {
+  require(num_bad_epochs >= 0 && cooldown_counter >= 0 && last_epoch >= 0,
+          "ReduceLROnPlateau: a restored count is negative (num_bad_epochs=" + std::to_string(num_bad_epochs) +
+              ", cooldown_counter=" + std::to_string(cooldown_counter) + ", last_epoch=" + std::to_string(last_epoch) + ")");
+  best_ = best;
+  num_bad_epochs_ = num_bad_epochs;
+  cooldown_counter_ = cooldown_counter;
+  last_epoch_ = last_epoch;
+}
+
+std::vector<double> ReduceLROnPlateau::get_lrs() {
+  throw std::logic_error("ReduceLROnPlateau steps with the monitored value: call step(value), or give its "
+                         "SchedulerConfig a monitor and let the Trainer step it");
 }
 
 }  // namespace fulgur::lr_scheduler

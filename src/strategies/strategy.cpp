@@ -1,6 +1,7 @@
 #include <fulgur/accelerators/accelerator.h>
 #include <fulgur/data/device_loader.h>
 #include <fulgur/lightning_module.h>
+#include <fulgur/lr_scheduler.h>
 #include <fulgur/plugins/precision/precision.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
@@ -62,6 +63,10 @@ void Strategy::setup(Trainer& trainer) {
       if (s.interval() != "step" && s.interval() != "epoch") {
         throw std::invalid_argument("configure_optimizers: scheduler interval '" + s.interval() +
                                     "' is not known; valid: \"step\", \"epoch\"");
+      }
+      if (dynamic_cast<lr_scheduler::ReduceLROnPlateau*>(s.scheduler().get()) && s.monitor().empty()) {
+        throw std::invalid_argument("configure_optimizers: a ReduceLROnPlateau scheduler needs the metric it follows: "
+                                    "SchedulerConfig(...).monitor(\"val_loss\") (a name your module logs), as in Lightning");
       }
     }
     for (auto& o : optimizer_config_.optimizers) detail::optimizer_state_to_params_device(*o);

@@ -4,6 +4,7 @@
 #include <fulgur/callbacks/model_checkpoint.h>
 #include <fulgur/checkpoint.h>
 #include <fulgur/data/data_loader.h>
+#include <fulgur/lr_scheduler.h>
 #include <fulgur/plugins/precision/precision.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
@@ -67,6 +68,17 @@ Checkpoint TrainerImpl::dump_checkpoint() {
     auto s = fulgur::make_dict();
     s.insert("_step_count", scheduler_counts.at(i) + 1);
     s.insert("last_epoch", scheduler_counts.at(i));
+    const SchedulerConfig& sc = strategy->optimizer_config().schedulers[i];
+    if (const auto* plateau = dynamic_cast<const lr_scheduler::ReduceLROnPlateau*>(sc.scheduler().get())) {
+      // Python's ReduceLROnPlateau.state_dict keys; and, for a checkpoint written before this
+      // epoch's scheduler step, the value that step takes (the monitored metric now).
+      s.insert("best", plateau->best());
+      s.insert("num_bad_epochs", plateau->num_bad_epochs());
+      s.insert("cooldown_counter", plateau->cooldown_counter());
+      materialize_metrics();
+      if (const auto it = callback_metrics.find(sc.monitor()); it != callback_metrics.end())
+        s.insert("fulgur_pending_metric", it->second);
+    }
     sched_states.push_back(s);
   }
   ckpt.insert("lr_schedulers", sched_states);
@@ -215,7 +227,23 @@ void TrainerImpl::restore(const std::string& path) {
                                                 std::to_string(global_step)
                                           : "a scheduler stepped per epoch, and the checkpoint is in epoch " +
                                                 std::to_string(current_epoch));
-    set_scheduler_step_count(*sc.scheduler(), n);
+    if (auto* plateau = dynamic_cast<lr_scheduler::ReduceLROnPlateau*>(sc.scheduler().get())) {
+      const std::string at = "lr_schedulers[" + std::to_string(i) + "].";
+      auto value = [&](const char* key) -> c10::IValue {
+        const auto it = s.find(key);
+        if (it == s.end()) throw std::runtime_error(where + ": missing key '" + at + key + "' of a ReduceLROnPlateau");
+        return it->value();
+      };
+      const c10::IValue best = value("best");
+      if (!best.isDouble()) throw std::runtime_error(where + ": '" + at + "best' is not a float");
+      const int64_t bound = std::min<int64_t>(n, kMaxSchedulerCount);
+      plateau->restore(best.toDouble(), read_count(s, "num_bad_epochs", where, at + "num_bad_epochs", bound, "at most its steps"),
+                       read_count(s, "cooldown_counter", where, at + "cooldown_counter", plateau->options().cooldown(),
+                                  "at most its cooldown"),
+                       n);
+    } else {
+      set_scheduler_step_count(*sc.scheduler(), n);
+    }
     scheduler_counts[i] = n;
   }
   for (size_t i = 0; i < opts.size(); ++i) {
@@ -233,7 +261,14 @@ void TrainerImpl::restore(const std::string& path) {
     for (size_t i = 0; i < cfg.schedulers.size() && i < scheds.size(); ++i) {
       const SchedulerConfig& sc = cfg.schedulers[i];
       if (sc.interval() != "epoch" || current_epoch % std::max<int64_t>(1, sc.frequency()) != 0) continue;
-      sc.scheduler()->step();
+      if (auto* plateau = dynamic_cast<lr_scheduler::ReduceLROnPlateau*>(sc.scheduler().get())) {
+        auto s = c10::impl::toTypedDict<std::string, c10::IValue>(scheds.get(i).toGenericDict());
+        const auto it = s.find("fulgur_pending_metric");
+        if (it == s.end() || !it->value().isDouble()) continue;  // no value was logged then: no step, as then
+        plateau->step(it->value().toDouble());
+      } else {
+        sc.scheduler()->step();
+      }
       ++scheduler_counts[i];
     }
   }

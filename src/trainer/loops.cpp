@@ -6,6 +6,7 @@
 #include <fulgur/callbacks/model_checkpoint.h>
 #include <fulgur/data/device_loader.h>
 #include <fulgur/launchers/launcher.h>
+#include <fulgur/lr_scheduler.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
@@ -68,7 +69,24 @@ void TrainerImpl::step_schedulers(const std::string& interval) {
     if (s.interval() != interval) continue;
     const int64_t unit = interval == "step" ? global_step : current_epoch + 1;
     if (unit % std::max<int64_t>(1, s.frequency()) != 0) continue;
-    s.scheduler()->step();
+    if (auto* plateau = dynamic_cast<lr_scheduler::ReduceLROnPlateau*>(s.scheduler().get())) {
+      // Lightning's rule: the monitored metric's current value; a missing one is an error, or a
+      // skipped step with a warning when not strict.
+      materialize_metrics();
+      const auto it = callback_metrics.find(s.monitor());
+      if (it == callback_metrics.end()) {
+        std::string logged;
+        for (const auto& [k, v] : callback_metrics) logged += (logged.empty() ? "" : ", ") + k;
+        const std::string what = "ReduceLROnPlateau (scheduler " + std::to_string(i) + ") follows '" + s.monitor() +
+                                 "', which is not logged at this " + interval + "; logged: [" + logged + "]";
+        if (s.strict()) throw std::runtime_error(what + ". Log it, name another in SchedulerConfig::monitor, or set strict(false)");
+        runtime::log_rank_zero(runtime::LogLevel::kWarning, what + "; strict is false, so the step is skipped");
+        continue;
+      }
+      plateau->step(it->second);
+    } else {
+      s.scheduler()->step();
+    }
     ++scheduler_counts[i];
   }
 }
