@@ -300,3 +300,43 @@ TEST(Options, ModelCheckpointFilenameTakesLightningsFormatsAndRefusesOthers) {
   }
   expect_invalid([] { ModelCheckpoint m(ModelCheckpointOptions().filename("{epoch")); }, {"unclosed '{'"});
 }
+
+// One version, written in include/fulgur/version.h: CMake's project version, fulgur::version(),
+// every checkpoint and the programs' --version say the same.
+TEST(Version, IsTheProjectsAndEveryCheckpointAndProgramSaysIt) {
+  EXPECT_EQ(fulgur::version(), FULGUR_PROJECT_VERSION);
+  fulgur::testing::TempDir dir;
+  fulgur::testing::TinyRegression m;
+  Trainer t(TrainerOptions().accelerator("cpu").devices(1).max_epochs(1).default_root_dir(dir.path).logger(false)
+                .enable_progress_bar(false).enable_model_summary(false).num_sanity_val_steps(0)
+                .callbacks({std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().dirpath(dir.path + "/ck").save_last(true))}));
+  t.fit(m, std::make_shared<DataLoader>(fulgur::testing::regression_data(16), DataLoaderOptions(8)));
+  const std::string last = dir.path + "/ck/last.ckpt";
+  Checkpoint ck = TorchCheckpointIO().load_checkpoint(last);
+  EXPECT_EQ(ck.at("fulgur_version").toStringRef(), fulgur::version());
+  EXPECT_EQ(ck.at("fulgur_format_version").toInt(), FULGUR_CHECKPOINT_FORMAT_VERSION);
+  // A checkpoint of a newer format is refused, naming both fulgurs.
+  ck.insert_or_assign("fulgur_format_version", static_cast<int64_t>(FULGUR_CHECKPOINT_FORMAT_VERSION + 1));
+  ck.insert_or_assign("fulgur_version", std::string("9.0.0"));
+  TorchCheckpointIO().save_checkpoint(ck, dir.path + "/newer.ckpt");
+  fulgur::testing::TinyRegression again;
+  Trainer t2(TrainerOptions().accelerator("cpu").devices(1).max_epochs(2).default_root_dir(dir.path).logger(false)
+                 .enable_progress_bar(false).enable_model_summary(false).enable_checkpointing(false));
+  try {
+    t2.fit(again, std::make_shared<DataLoader>(fulgur::testing::regression_data(16), DataLoaderOptions(8)), nullptr,
+           dir.path + "/newer.ckpt");
+    ADD_FAILURE() << "a newer checkpoint format was read";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    for (const std::string& part : {std::string("written by fulgur 9.0.0"), "this fulgur " + fulgur::version(), std::string("checkpoint format 2")})
+      EXPECT_NE(what.find(part), std::string::npos) << part << " not in: " << what;
+  }
+  for (const char* prog : {"mnist", "charlm", "fulgur-plot"}) {
+    FILE* p = ::popen((fulgur::testing::program(prog) + " --version").c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char buf[256] = {};
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, p);
+    EXPECT_EQ(::pclose(p), 0) << prog;
+    EXPECT_EQ(std::string(buf, n), std::string(prog) + " (fulgur " + fulgur::version() + ")\n");
+  }
+}

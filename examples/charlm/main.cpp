@@ -5,6 +5,7 @@
 #include "charlm_module.h"
 
 #include <CLI/CLI.hpp>
+#include <fulgur/version.h>
 
 #include <cstdio>
 
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   app.add_option("--ckpt-path", ckpt_path, "resume from: a file, last or best");
   app.add_option("--text", text, "the training text");
   app.add_option("--start-method", start_method, "fork or spawn");
+  app.set_version_flag("--version", "charlm (fulgur " + fulgur::version() + ")");
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -5,6 +5,7 @@
 #include "mnist_module.h"
 
 #include <CLI/CLI.hpp>
+#include <fulgur/version.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--save-weights", save_weights, "folder: each rank writes its final parameters to rank-<R>.pt");
   app.add_flag("--no-test", no_test, "skip the test run after fit");
+  app.set_version_flag("--version", "mnist (fulgur " + fulgur::version() + ")");
   CLI11_PARSE(app, argc, argv);
 
   try {

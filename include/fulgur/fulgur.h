@@ -38,4 +38,5 @@
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/strategies/xla.h>
 #include <fulgur/trainer.h>
+#include <fulgur/version.h>
 #include <fulgur/xla/backend.h>

@@ -8,6 +8,7 @@
 #include <fulgur/plugins/precision/precision.h>
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
+#include <fulgur/version.h>
 
 #include "optim/optim_state.h"
 #include "runtime/log.h"
@@ -58,7 +59,8 @@ Checkpoint TrainerImpl::dump_checkpoint() {
   ckpt.insert("epoch", current_epoch);
   ckpt.insert("global_step", global_step);
   ckpt.insert("pytorch-lightning_version", std::string("2.1.0"));
-  ckpt.insert("fulgur_format_version", static_cast<int64_t>(1));
+  ckpt.insert("fulgur_format_version", static_cast<int64_t>(FULGUR_CHECKPOINT_FORMAT_VERSION));
+  ckpt.insert("fulgur_version", fulgur::version());
   ckpt.insert("state_dict", state_dict(*model));
   c10::impl::GenericList opt_states(c10::AnyType::get());
   for (auto& opt : strategy->optimizer_config().optimizers) opt_states.push_back(optimizer_state_dict(*opt));
@@ -172,6 +174,18 @@ void TrainerImpl::restore(const std::string& path) {
     if (!ckpt.contains(key)) throw std::runtime_error(where + ": missing key '" + key + "'");
     return ckpt.at(key);
   };
+  // A format newer than this fulgur's may mean what it reads differently: refused, naming both.
+  if (ckpt.contains("fulgur_format_version")) {
+    const c10::IValue f = ckpt.at("fulgur_format_version");
+    if (!f.isInt()) throw std::runtime_error(where + ": 'fulgur_format_version' is not an int");
+    if (f.toInt() > FULGUR_CHECKPOINT_FORMAT_VERSION) {
+      const c10::IValue v = ckpt.contains("fulgur_version") ? ckpt.at("fulgur_version") : c10::IValue();
+      throw std::runtime_error(where + ": written by fulgur " + (v.isString() ? v.toStringRef() : std::string("(unknown)")) +
+                               " in checkpoint format " + std::to_string(f.toInt()) + "; this fulgur " + fulgur::version() +
+                               " reads formats up to " + std::to_string(FULGUR_CHECKPOINT_FORMAT_VERSION) +
+                               ". Resume with that fulgur or a newer one");
+    }
+  }
   auto sd = get("state_dict");
   if (!sd.isGenericDict()) throw std::runtime_error(where + ": 'state_dict' is not a dict");
   load_state_dict(*model, c10::impl::toTypedDict<std::string, c10::IValue>(sd.toGenericDict()), true, where);

@@ -9,6 +9,7 @@
 //
 // Prints each series it drew with its point count, then the PNG's path.
 #include <CLI/CLI.hpp>
+#include <fulgur/version.h>
 
 #include "loggers/csv_cells.h"
 
@@ -85,6 +86,7 @@ int main(int argc, char** argv) {
   app.add_option("run", input, "A run's folder (<root>/lightning_logs/version_N) or its metrics.csv")->required();
   app.add_option("-o,--output", output, "The PNG to write (default: metrics.png beside metrics.csv)");
   app.add_option("--size", size, "WIDTHxHEIGHT in pixels")->capture_default_str();
+  app.set_version_flag("--version", "fulgur-plot (fulgur " + fulgur::version() + ")");
   CLI11_PARSE(app, argc, argv);
 
   const fs::path csv = fs::is_directory(input) ? fs::path(input) / "metrics.csv" : fs::path(input);
