@@ -118,6 +118,23 @@ bool rebind_rnn(torch::nn::Module& module) {
   return true;
 }
 
+// The losses with class weights keep the tensor in their options too (options.weight(),
+// options.pos_weight()), which forward reads: they take the moved buffers.
+bool rebind_loss_options(torch::nn::Module& module) {
+  using namespace torch::nn;
+  if (auto* m = dynamic_cast<NLLLossImpl*>(&module)) {
+    m->options.weight(m->weight);
+  } else if (auto* c = dynamic_cast<CrossEntropyLossImpl*>(&module)) {
+    c->options.weight(c->weight);
+  } else if (auto* b = dynamic_cast<BCEWithLogitsLossImpl*>(&module)) {
+    b->options.weight(b->weight);
+    b->options.pos_weight(b->pos_weight);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 template <class... Impls>
 bool rebind_any(torch::nn::Module& m, const TensorRemap& remap) {
   return (rebind<Impls>(m, remap) || ...);
@@ -125,13 +142,15 @@ bool rebind_any(torch::nn::Module& m, const TensorRemap& remap) {
 
 bool rebind_builtin(torch::nn::Module& m, const TensorRemap& remap) {
   using namespace torch::nn;
-  return rebind_any<LinearImpl, Conv1dImpl, Conv2dImpl, Conv3dImpl, BatchNorm1dImpl, BatchNorm2dImpl,
+  const bool found = rebind_any<LinearImpl, Conv1dImpl, Conv2dImpl, Conv3dImpl, BatchNorm1dImpl, BatchNorm2dImpl,
                     BatchNorm3dImpl, LayerNormImpl, EmbeddingImpl, GroupNormImpl, BilinearImpl, ConvTranspose1dImpl,
                     ConvTranspose2dImpl, ConvTranspose3dImpl, InstanceNorm1dImpl, InstanceNorm2dImpl,
                     InstanceNorm3dImpl, EmbeddingBagImpl, PReLUImpl, MultiheadAttentionImpl, RNNCellImpl,
                     LSTMCellImpl, GRUCellImpl, NLLLossImpl, CrossEntropyLossImpl, BCEWithLogitsLossImpl,
                     FractionalMaxPool2dImpl, FractionalMaxPool3dImpl>(m, remap) ||
-         rebind_rnn<RNNImpl>(m) || rebind_rnn<LSTMImpl>(m) || rebind_rnn<GRUImpl>(m);
+                     rebind_rnn<RNNImpl>(m) || rebind_rnn<LSTMImpl>(m) || rebind_rnn<GRUImpl>(m);
+  if (found) rebind_loss_options(m);
+  return found;
 }
 
 using Hook = std::function<bool(torch::nn::Module&, const TensorRemap&)>;

@@ -9,6 +9,7 @@
 #include <fulgur/xla/backend.h>
 
 #include "runtime/log.h"
+#include "xla/lazy_views.h"
 #include "xla/pjrt_backend.h"
 
 
@@ -118,6 +119,7 @@ std::string describe_change(const Signature& from, const Signature& to) {
 class LazyBackend : public Backend {
  public:
   explicit LazyBackend(bool pjrt) : pjrt_(pjrt) {
+    detail::install_lazy_view_kernels();
     if (pjrt) {
       install_pjrt_lazy_backend();
     } else {

@@ -1,0 +1,214 @@
+// The module matrix (issue 40): every built-in module that move_module rebinds
+// (include/fulgur/module_mover.h's list), a small instance moved to the xla device by the path
+// the strategies use, runs forward and backward and matches eager. Each entry runs in a child
+// process, so that a module the lazy core cannot run would fail its own entry (with the signal
+// named) instead of aborting the test program.
+#include "support.h"
+
+#include <fulgur/module_mover.h>
+#include <fulgur/xla/backend.h>
+
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+using namespace fulgur;
+namespace nn = torch::nn;
+
+namespace {
+
+// A module and a scalar loss of its forward on inputs made on `device`.
+struct Entry {
+  std::string name;
+  std::function<std::shared_ptr<nn::Module>()> make;
+  std::function<at::Tensor(nn::Module&, const c10::Device&)> loss;
+  double tol = 1e-4;
+};
+
+template <class Holder, class... Args>
+Entry simple(std::string name, std::vector<int64_t> input, Args... args) {
+  return {std::move(name), [=] { return Holder(args...).ptr(); },
+          [input](nn::Module& m, const c10::Device& d) {
+            torch::manual_seed(3);
+            auto x = torch::randn(input).to(d);
+            auto out = dynamic_cast<typename Holder::Impl&>(m).forward(x);
+            return (out * out).mean();
+          }};
+}
+
+std::vector<Entry> matrix() {
+  std::vector<Entry> e;
+  e.push_back(simple<nn::Linear>("Linear", {3, 4}, 4, 5));
+  e.push_back(simple<nn::Conv1d>("Conv1d", {2, 3, 8}, nn::Conv1dOptions(3, 4, 3).padding(1)));
+  e.push_back(simple<nn::Conv2d>("Conv2d", {2, 3, 6, 6}, nn::Conv2dOptions(3, 4, 3).stride(2)));
+  e.push_back(simple<nn::Conv3d>("Conv3d", {1, 2, 4, 4, 4}, nn::Conv3dOptions(2, 3, 3)));
+  e.push_back(simple<nn::ConvTranspose1d>("ConvTranspose1d", {2, 3, 5}, nn::ConvTranspose1dOptions(3, 2, 3).stride(2)));
+  e.push_back(simple<nn::ConvTranspose2d>("ConvTranspose2d", {1, 3, 4, 4}, nn::ConvTranspose2dOptions(3, 2, 3)));
+  e.push_back(simple<nn::ConvTranspose3d>("ConvTranspose3d", {1, 2, 3, 3, 3}, nn::ConvTranspose3dOptions(2, 2, 2)));
+  e.push_back(simple<nn::BatchNorm1d>("BatchNorm1d", {4, 3}, 3));
+  e.push_back(simple<nn::BatchNorm2d>("BatchNorm2d", {2, 3, 4, 4}, 3));
+  e.push_back(simple<nn::BatchNorm3d>("BatchNorm3d", {2, 3, 2, 2, 2}, 3));
+  e.push_back(simple<nn::InstanceNorm1d>("InstanceNorm1d", {2, 3, 6}, nn::InstanceNorm1dOptions(3).affine(true)));
+  e.push_back(simple<nn::InstanceNorm2d>("InstanceNorm2d", {2, 3, 4, 4}, nn::InstanceNorm2dOptions(3).affine(true)));
+  e.push_back(simple<nn::InstanceNorm3d>("InstanceNorm3d", {1, 2, 3, 3, 3}, nn::InstanceNorm3dOptions(2).affine(true)));
+  e.push_back(simple<nn::LayerNorm>("LayerNorm", {3, 5}, nn::LayerNormOptions({5})));
+  e.push_back(simple<nn::GroupNorm>("GroupNorm", {2, 4, 3}, 2, 4));
+  e.push_back(simple<nn::PReLU>("PReLU", {3, 4}, nn::PReLUOptions()));
+  e.push_back(simple<nn::FractionalMaxPool2d>("FractionalMaxPool2d", {1, 2, 8, 8},
+                                              nn::FractionalMaxPool2dOptions(2).output_size(std::vector<int64_t>{4, 4})));
+  e.push_back(simple<nn::FractionalMaxPool3d>("FractionalMaxPool3d", {1, 2, 6, 6, 6},
+                                              nn::FractionalMaxPool3dOptions(2).output_size(std::vector<int64_t>{3, 3, 3})));
+  e.push_back({"Embedding", [] { return nn::Embedding(10, 4).ptr(); },
+               [](nn::Module& m, const c10::Device& d) {
+                 auto out = dynamic_cast<nn::EmbeddingImpl&>(m).forward(torch::tensor({1, 3, 3, 9}).to(d));
+                 return (out * out).mean();
+               }});
+  e.push_back({"EmbeddingBag", [] { return nn::EmbeddingBag(nn::EmbeddingBagOptions(10, 4).mode(torch::kSum)).ptr(); },
+               [](nn::Module& m, const c10::Device& d) {
+                 auto out = dynamic_cast<nn::EmbeddingBagImpl&>(m).forward(torch::tensor({{1, 3}, {3, 9}}).to(d));
+                 return (out * out).mean();
+               }});
+  e.push_back({"Bilinear", [] { return nn::Bilinear(3, 4, 2).ptr(); },
+               [](nn::Module& m, const c10::Device& d) {
+                 torch::manual_seed(3);
+                 auto a = torch::randn({5, 3}).to(d), b = torch::randn({5, 4}).to(d);
+                 auto out = dynamic_cast<nn::BilinearImpl&>(m).forward(a, b);
+                 return (out * out).mean();
+               }});
+  e.push_back({"MultiheadAttention", [] { return nn::MultiheadAttention(8, 2).ptr(); },
+               [](nn::Module& m, const c10::Device& d) {
+                 torch::manual_seed(3);
+                 auto q = torch::randn({4, 2, 8}).to(d);
+                 auto out = std::get<0>(dynamic_cast<nn::MultiheadAttentionImpl&>(m).forward(q, q, q));
+                 return (out * out).mean();
+               }});
+  auto cell = [](std::string name, auto make) -> Entry {
+    return {name, make, [](nn::Module& m, const c10::Device& d) {
+              torch::manual_seed(3);
+              auto x = torch::randn({3, 4}).to(d);
+              at::Tensor h;
+              if (auto* r = dynamic_cast<nn::RNNCellImpl*>(&m)) h = r->forward(x);
+              if (auto* g = dynamic_cast<nn::GRUCellImpl*>(&m)) h = g->forward(x);
+              if (auto* l = dynamic_cast<nn::LSTMCellImpl*>(&m)) h = std::get<0>(l->forward(x));
+              return (h * h).mean();
+            }};
+  };
+  e.push_back(cell("RNNCell", [] { return nn::RNNCell(4, 5).ptr(); }));
+  e.push_back(cell("GRUCell", [] { return nn::GRUCell(4, 5).ptr(); }));
+  e.push_back(cell("LSTMCell", [] { return nn::LSTMCell(4, 5).ptr(); }));
+  // The recurrent modules: 1 and 2 layers, batch_first both ways, bidirectional, with and
+  // without an initial state.
+  for (const std::string kind : {"RNN", "GRU", "LSTM"}) {
+    for (const int layers : {1, 2}) {
+      for (const bool batch_first : {false, true}) {
+        for (const bool bidirectional : {false, true}) {
+          for (const bool initial : {false, true}) {
+            const std::string name = kind + " layers=" + std::to_string(layers) + (batch_first ? " batch_first" : "") +
+                                     (bidirectional ? " bidirectional" : "") + (initial ? " h0" : "");
+            const int64_t dirs = bidirectional ? 2 : 1;
+            e.push_back({name,
+                         [=]() -> std::shared_ptr<nn::Module> {
+                           if (kind == "RNN")
+                             return nn::RNN(nn::RNNOptions(4, 5).num_layers(layers).batch_first(batch_first)
+                                                .bidirectional(bidirectional)).ptr();
+                           if (kind == "GRU")
+                             return nn::GRU(nn::GRUOptions(4, 5).num_layers(layers).batch_first(batch_first)
+                                                .bidirectional(bidirectional)).ptr();
+                           return nn::LSTM(nn::LSTMOptions(4, 5).num_layers(layers).batch_first(batch_first)
+                                               .bidirectional(bidirectional)).ptr();
+                         },
+                         [=](nn::Module& m, const c10::Device& d) {
+                           torch::manual_seed(3);
+                           auto x = (batch_first ? torch::randn({2, 3, 4}) : torch::randn({3, 2, 4})).to(d);
+                           auto h0 = torch::randn({layers * dirs, 2, 5}).to(d);
+                           at::Tensor out;
+                           if (auto* r = dynamic_cast<nn::RNNImpl*>(&m)) out = std::get<0>(initial ? r->forward(x, h0) : r->forward(x));
+                           if (auto* g = dynamic_cast<nn::GRUImpl*>(&m)) out = std::get<0>(initial ? g->forward(x, h0) : g->forward(x));
+                           if (auto* l = dynamic_cast<nn::LSTMImpl*>(&m)) {
+                             auto c0 = torch::randn({layers * dirs, 2, 5}).to(d);
+                             out = std::get<0>(initial ? l->forward(x, std::make_tuple(h0, c0)) : l->forward(x));
+                           }
+                           return (out * out).mean();
+                         }});
+          }
+        }
+      }
+    }
+  }
+  // The losses with class weights.
+  auto loss_entry = [](std::string name, std::function<std::shared_ptr<nn::Module>()> make) -> Entry {
+    return {name, make, [](nn::Module& m, const c10::Device& d) {
+              torch::manual_seed(3);
+              auto logits = torch::randn({4, 3}).to(d).requires_grad_();
+              if (auto* n = dynamic_cast<nn::NLLLossImpl*>(&m)) return n->forward(torch::log_softmax(logits, 1), torch::tensor({0, 2, 1, 2}).to(d));
+              if (auto* c = dynamic_cast<nn::CrossEntropyLossImpl*>(&m)) return c->forward(logits, torch::tensor({0, 2, 1, 2}).to(d));
+              auto* b = dynamic_cast<nn::BCEWithLogitsLossImpl*>(&m);
+              return b->forward(logits, torch::rand({4, 3}).to(d));
+            }};
+  };
+  e.push_back(loss_entry("NLLLoss", [] { return nn::NLLLoss(nn::NLLLossOptions().weight(torch::tensor({1.0, 2.0, 0.5}))).ptr(); }));
+  e.push_back(loss_entry("CrossEntropyLoss",
+                         [] { return nn::CrossEntropyLoss(nn::CrossEntropyLossOptions().weight(torch::tensor({1.0, 2.0, 0.5}))).ptr(); }));
+  e.push_back(loss_entry("BCEWithLogitsLoss",
+                         [] { return nn::BCEWithLogitsLoss(nn::BCEWithLogitsLossOptions().pos_weight(torch::tensor({1.0, 2.0, 0.5}))).ptr(); }));
+  return e;
+}
+
+// The loss and every parameter's gradient, flattened, on the CPU.
+at::Tensor loss_and_grads(nn::Module& m, const Entry& entry, const c10::Device& device) {
+  at::Tensor loss = entry.loss(m, device);
+  if (loss.requires_grad()) loss.backward();  // a module without parameters and inputs without grad: forward only
+  std::vector<at::Tensor> parts{loss.detach().to(torch::kCPU).reshape({1})};
+  for (const auto& p : m.parameters()) {
+    if (p.grad().defined()) parts.push_back(p.grad().to(torch::kCPU).reshape({-1}));
+  }
+  return torch::cat(parts);
+}
+
+// In a child process: 0 when the entry's loss and gradients on xla match eager, 1 (with the
+// difference on stderr) when they do not, 2 when it threw (the message on stderr).
+int run_entry(const Entry& entry) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    try {
+      torch::manual_seed(1);
+      auto eager = entry.make();
+      torch::manual_seed(1);
+      auto lazy = entry.make();
+      const at::Tensor want = loss_and_grads(*eager, entry, c10::Device(c10::kCPU));
+      const c10::Device dev = xla::backend().device();
+      move_module(*lazy, dev);
+      const at::Tensor got = loss_and_grads(*lazy, entry, dev);
+      if (got.sizes() != want.sizes() || !torch::allclose(got, want, entry.tol, entry.tol)) {
+        std::fprintf(stderr, "%s: xla %s\neager %s\n", entry.name.c_str(), c10::str(got).c_str(), c10::str(want).c_str());
+        std::_Exit(1);
+      }
+      std::_Exit(0);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s: %s\n", entry.name.c_str(), e.what());
+      std::_Exit(2);
+    }
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status)) return 100 + WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
+}  // namespace
+
+TEST(ModuleMatrix, EveryModuleTheMoverListsRunsOnXlaAndMatchesEager) {
+  for (const Entry& entry : matrix()) {
+    const int rc = run_entry(entry);
+    EXPECT_EQ(rc, 0) << entry.name << (rc >= 100 ? ": killed by signal " + std::to_string(rc - 100)
+                                                  : rc == 1 ? ": differs from eager" : ": threw");
+  }
+}
