@@ -12,6 +12,7 @@
 #include "distributed/network.h"
 #include "distributed/tcp_store.h"
 #include "launchers/worker_env.h"
+#include "launchers/worker_fork.h"
 #include "runtime/log.h"
 #include "runtime/env.h"
 #include "runtime/signals.h"
@@ -55,6 +56,22 @@ using detail::kWorkerEnv;
 
 // Launches this process has made (parent) or seen (spawned worker replaying).
 int g_launches = 0;
+
+pid_t plain_fork(int64_t) { return ::fork(); }
+
+detail::WorkerForkFn g_worker_fork = plain_fork;
+
+// A fork failed part way through starting a launch's workers: the ones
+// already started would wait at the rendezvous for the missing ones until its
+// timeout. They have done nothing worth a grace period, so they are
+// SIGKILLed, and reaped so that no zombie is left either.
+void kill_and_reap(const std::vector<pid_t>& started) {
+  for (const pid_t pid : started) ::kill(pid, SIGKILL);
+  for (const pid_t pid : started) {
+    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -286,6 +303,16 @@ std::vector<std::string> own_argv() {
 
 }  // namespace
 
+namespace detail {
+
+WorkerForkFn set_worker_fork(WorkerForkFn fn) {
+  WorkerForkFn previous = g_worker_fork == plain_fork ? nullptr : g_worker_fork;
+  g_worker_fork = fn ? fn : plain_fork;
+  return previous;
+}
+
+}  // namespace detail
+
 bool is_fulgur_worker() {
   return runtime::env_string(kWorkerEnv) == "1";
 }
@@ -345,8 +372,18 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   std::fflush(nullptr);
   for (int64_t local = 0; local < n; ++local) {
     const int64_t rank = options_.node_rank() * n + local;
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error(std::string("launcher: fork failed: ") + std::strerror(errno));
+    const pid_t pid = g_worker_fork(local);
+    if (pid < 0) {
+      const int err = errno;
+      const std::vector<pid_t> started(pids.begin(), pids.begin() + local);
+      kill_and_reap(started);
+      const std::string what = "cannot start worker rank " + std::to_string(rank) + " (local rank " +
+                               std::to_string(local) + " of " + std::to_string(n) + "): fork failed: " +
+                               std::strerror(err) + "; the " + std::to_string(local) +
+                               " worker(s) already started were killed";
+      if (several_nodes) report_failure_to_job(options_, index, "launcher " + what);
+      throw std::runtime_error("launcher: " + what);
+    }
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(1);
