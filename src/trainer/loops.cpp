@@ -123,6 +123,10 @@ void TrainerImpl::training_batch(const Batch& batch, int64_t batch_idx) {
     in_training_step = false;
   }
   log_step_metrics(false);
+  // The batch is done before its end hooks run: a checkpoint that a hook
+  // writes (ModelCheckpoint's every_n_train_steps) resumes after it, not
+  // with it again.
+  epoch_batches_done = batch_idx + 1;
   model->on_train_batch_end(out, batch, batch_idx);
   for (auto& c : callbacks) c->on_train_batch_end(owner, *model, out, batch, batch_idx);
 }
@@ -261,7 +265,9 @@ void TrainerImpl::fit_loop() {
     if (val_source) val_source->set_epoch(current_epoch);
     model->train();
     results.reset();
-    epoch_finished = false;
+    // A run resumed from a checkpoint written after the epoch's last batch
+    // (by its end hook) has no batch left: it goes on to the epoch's end.
+    epoch_finished = epoch_batches_done >= num_training_batches;
     epoch_schedulers_stepped = false;
     for (auto& c : callbacks) c->on_train_epoch_start(owner, *model);
     model->on_train_epoch_start();
@@ -272,7 +278,6 @@ void TrainerImpl::fit_loop() {
         auto batch = stream->next();
         if (!batch) break;
         training_batch(*batch, batch_idx);
-        epoch_batches_done = batch_idx + 1;
         const bool last = batch_idx + 1 == num_training_batches;
         const bool check_val = val_source && val_batches > 0 &&
                                (current_epoch + 1) % options.check_val_every_n_epoch() == 0 &&
