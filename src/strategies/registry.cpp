@@ -43,6 +43,11 @@ std::shared_ptr<Strategy> make_strategy(const StrategyRequest& req) {
     throw std::invalid_argument("strategy '" + name + "' uses one device but devices='" + req.devices() + "' gives " +
                                 std::to_string(n) + "; use strategy \"ddp\" or \"xla\" for several");
   }
+  if ((name == "single_device" || name == "single_xla") && req.max_restarts() != 0) {
+    throw std::invalid_argument("max_restarts=" + std::to_string(req.max_restarts()) + " starts the worker processes of a job again, but strategy '" +
+                                name + "' runs in this process and starts none; use strategy \"ddp\" (or \"xla\") with devices 1 "
+                                "for restarts of one worker, or max_restarts 0");
+  }
   if (name == "single_device") {
     if (accelerator->name() == "xla") return std::make_shared<SingleDeviceXLAStrategy>(nullptr, std::make_shared<XLAPrecision>(precision));
     return std::make_shared<SingleDeviceStrategy>(c10::Device(c10::kCPU), accelerator, nullptr,
@@ -53,6 +58,7 @@ std::shared_ptr<Strategy> make_strategy(const StrategyRequest& req) {
                       .timeout(req.collective_timeout())
                       .num_nodes(req.num_nodes())
                       .start_method(req.start_method())
+                      .max_restarts(req.max_restarts())
                       .use_distributed_sampler(req.use_distributed_sampler())
                       .debug(name == "xla_debug");
   if (name == "ddp") {

@@ -9,6 +9,7 @@
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
+#include "launchers/restarts.h"
 #include "runtime/log.h"
 #include "runtime/signals.h"
 #include "trainer/trainer_impl.h"
@@ -243,6 +244,9 @@ void TrainerImpl::fit_loop() {
 
   for (auto& c : callbacks) c->on_fit_start(owner, *model);
   model->on_fit_start();
+  // Where this fit's last.ckpt goes (resolved by on_fit_start), for a restart
+  // of the launch to resume from.
+  if (auto* mc = owner.checkpoint_callback(); mc && strategy->is_global_zero()) record_checkpoint_folder(mc->dirpath());
 
   if (val_source && val_batches > 0 && global_step == 0 && resolved.limit_overrides == 0) {
     const int64_t n = options.num_sanity_val_steps() == -1 ? val_batches : std::min(options.num_sanity_val_steps(), val_batches);

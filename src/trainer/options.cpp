@@ -110,6 +110,7 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
                                  .precision(options.precision())
                                  .num_nodes(options.num_nodes())
                                  .start_method(options.start_method())
+                                 .max_restarts(options.max_restarts())
                                  .collective_timeout(std::chrono::milliseconds(options.collective_timeout_ms()))
                                  .use_distributed_sampler(options.use_distributed_sampler()));
   } else if (auto* parallel = dynamic_cast<ParallelStrategy*>(strategy.get());
