@@ -411,6 +411,49 @@ struct ParallelOpEachBatch : Callback {
 
 }  // namespace
 
+namespace {
+
+// Writes "<intra-op threads> <OMP_NUM_THREADS> <OMP_WAIT_POLICY>" of this
+// worker to <dir>/rank-<R> at its first batch.
+struct RecordThreads : Callback {
+  explicit RecordThreads(std::string dir) : dir(std::move(dir)) {}
+  std::string state_key() const override { return "RecordThreads"; }
+  void on_train_batch_end(Trainer& t, LightningModule&, const StepOutput&, const Batch&, int64_t) override {
+    const char* n = std::getenv("OMP_NUM_THREADS");
+    const char* wait = std::getenv("OMP_WAIT_POLICY");
+    std::ofstream(dir + "/rank-" + std::to_string(t.global_rank()))
+        << at::get_num_threads() << " " << (n ? n : "unset") << " " << (wait ? wait : "unset");
+  }
+  std::string dir;
+};
+
+}  // namespace
+
+// Issue 32, item C10: OMP_NUM_THREADS and OMP_WAIT_POLICY set by the user are
+// kept in the workers and followed (as Lightning sets them only when unset);
+// unset, each of 2 workers gets half the cores and passive waiting.
+TEST(Launcher, UserThreadSettingsAreKeptInTheWorkers) {
+  TempDir dir;
+  auto fit_recording = [&](const std::string& sub) {
+    std::filesystem::create_directories(dir.path + "/" + sub);
+    TinyRegression m;
+    Trainer t(opts(dir.path, "cpu", "ddp", 2).max_steps(1).enable_checkpointing(false).logger(false).callbacks(
+        {std::make_shared<RecordThreads>(dir.path + "/" + sub)}));
+    t.fit(m, loader(32, 8));
+  };
+  setenv("OMP_NUM_THREADS", "7", 1);
+  setenv("OMP_WAIT_POLICY", "ACTIVE", 1);
+  fit_recording("user");
+  unsetenv("OMP_NUM_THREADS");
+  unsetenv("OMP_WAIT_POLICY");
+  fit_recording("default");
+  const std::string half = std::to_string(std::max<int64_t>(1, fulgur::runtime::available_cores() / 2));
+  for (const char* rank : {"rank-0", "rank-1"}) {
+    EXPECT_EQ(fulgur::testing::read_file(dir.path + "/user/" + rank), "7 7 ACTIVE") << rank;
+    EXPECT_EQ(fulgur::testing::read_file(dir.path + "/default/" + rank), half + " " + half + " PASSIVE") << rank;
+  }
+}
+
 // GNU OpenMP's thread pool does not survive fork: a forked worker's first
 // parallel region used to hang when the launching process had run one before
 // fit. The scenario runs in a child of the test, which is killed after 60 s.

@@ -99,8 +99,8 @@ std::string signal_name(int sig) {
 // removed when the process that made it exits normally.
 struct RunDir {
   RunDir() : owner(::getpid()) {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string tpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/fulgur-XXXXXX";
+    const char* tmp = runtime::env_value("TMPDIR");
+    std::string tpl = std::string(tmp ? tmp : "/tmp") + "/fulgur-XXXXXX";
     std::vector<char> buf(tpl.begin(), tpl.end());
     buf.push_back('\0');
     if (!::mkdtemp(buf.data())) throw std::runtime_error("launcher: cannot create a private folder from " + tpl);

@@ -41,7 +41,7 @@ RendezvousPoint LightningEnvironment::rendezvous() const {
   } else if (runtime::env_string("TORCHELASTIC_USE_AGENT_STORE") == "True") {
     // The agent's store outlives restarts: each attempt has its own keys, as in torch.distributed.
     p.store_served_externally = true;
-    if (const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT")) p.store_prefix = std::string("/worker/attempt_") + attempt;
+    if (const char* attempt = env("TORCHELASTIC_RESTART_COUNT")) p.store_prefix = std::string("/worker/attempt_") + attempt;
   }
   return p;
 }

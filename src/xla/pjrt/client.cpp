@@ -114,8 +114,7 @@ void set_cpu_plugin_flag_defaults() {
   static const std::pair<const char*, const char*> kDefaults[] = {
       {"xla_cpu_experimental_xnn_fusion_type", "LIBRARY_FUSION_TYPE_REDUCE"},
   };
-  const char* env = std::getenv("XLA_FLAGS");
-  std::string flags = env ? env : "";
+  std::string flags = runtime::env_string("XLA_FLAGS");
   for (const auto& [name, value] : kDefaults) {
     if (flags.find(name) != std::string::npos) continue;
     flags += (flags.empty() ? "--" : " --") + std::string(name) + "=" + value;
