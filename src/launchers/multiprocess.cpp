@@ -557,9 +557,11 @@ AttemptEnd run_attempt(const MultiProcessLauncherOptions& options, const WorkerF
 // the restarted workers resume from.
 void clear_for_restart(const std::string& dir) {
   std::error_code ec;
+  std::vector<fs::path> stale;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (e.path().filename() != detail::kCheckpointFoldersFile) fs::remove_all(e.path(), ec);
+    if (e.path().filename() != detail::kCheckpointFoldersFile) stale.push_back(e.path());
   }
+  for (const auto& p : stale) fs::remove_all(p, ec);
 }
 
 // The report of a launch that failed after restarts: each attempt's root cause.
