@@ -310,20 +310,27 @@ TEST(Faults, FailedForkOfAWorkerKillsAndReapsTheStartedOnesAndNamesIt) {
 // MNIST run is SIGKILLed from outside after step 30; with --max-restarts 1 the
 // job starts again from the last.ckpt of step 20 (--save-every-n-steps 10)
 // and finishes with exit code 0, and no worker of the first attempt is left.
+// With both start methods: a spawned worker runs main again and learns its
+// attempt from the environment alone.
 TEST(Faults, SigkilledWorkerOfTheExampleIsRestartedFromLastCkptAndTheRunFinishes) {
-  TempDir dir;
-  Child job(mnist_job(dir.path + "/run", {"--max-restarts", "1", "--save-every-n-steps", "10"}), dir.path);
-  ASSERT_TRUE(job.wait_for_output("Epoch 0: 30/100", 120)) << job.stderr_text();
-  const auto workers = children_of(job.pid);
-  ASSERT_EQ(workers.size(), 2u);
-  ::kill(workers[1], SIGKILL);
-  EXPECT_EQ(job.wait(240), 0) << job.stderr_text();
-  const std::string err = job.stderr_text();
-  EXPECT_THAT(err, HasSubstr("attempt 1 of 2 failed: worker rank"));
-  EXPECT_THAT(err, HasSubstr("was killed by SIGKILL"));
-  EXPECT_THAT(err, HasSubstr("restart 1 of the launch: resuming from " + dir.path + "/run/lightning_logs/version_0/checkpoints/last.ckpt"));
-  EXPECT_THAT(err, HasSubstr("fit stopped at epoch 1, step 100: max_epochs=1 reached"));
-  for (pid_t w : workers) EXPECT_FALSE(running(w)) << "worker " << w << " of the first attempt is still running";
+  for (const std::string method : {"fork", "spawn"}) {
+    SCOPED_TRACE("start method " + method);
+    TempDir dir;
+    Child job(mnist_job(dir.path + "/run", {"--max-restarts", "1", "--save-every-n-steps", "10", "--start-method", method}),
+              dir.path);
+    ASSERT_TRUE(job.wait_for_output("Epoch 0: 30/100", 120)) << job.stderr_text();
+    const auto workers = children_of(job.pid);
+    ASSERT_EQ(workers.size(), 2u);
+    ::kill(workers[1], SIGKILL);
+    EXPECT_EQ(job.wait(240), 0) << job.stderr_text();
+    const std::string err = job.stderr_text();
+    EXPECT_THAT(err, HasSubstr("attempt 1 of 2 failed: worker rank"));
+    EXPECT_THAT(err, HasSubstr("was killed by SIGKILL"));
+    EXPECT_THAT(err, HasSubstr("restart 1 of the launch: resuming from " + dir.path +
+                               "/run/lightning_logs/version_0/checkpoints/last.ckpt"));
+    EXPECT_THAT(err, HasSubstr("fit stopped at epoch 1, step 100: max_epochs=1 reached"));
+    for (pid_t w : workers) EXPECT_FALSE(running(w)) << "worker " << w << " of the first attempt is still running";
+  }
 }
 
 TEST(Security, SingleNodeJobListensOnlyOnLoopbackAndKeepsItsRendezvousPrivate) {
