@@ -593,6 +593,56 @@ TEST(TwoNodesOnLoopback, FailureOnOneNodeDuringRendezvousStopsTheOther) {
   EXPECT_TRUE(processes_with(dir.path).empty()) << "a process of the job is left";
 }
 
+// Issue 32, item D13 across nodes: once the job has written a last.ckpt, a
+// worker of node 1 is SIGKILLed. With --max-restarts 1 on both nodes, each
+// launcher stops its workers and starts them again; the new attempt meets
+// under keys of its own in node 0's store, resumes from last.ckpt and
+// finishes on both nodes. Two nodes of two workers on this machine.
+TEST(TwoNodesOnLoopback, KilledWorkerIsRestartedOnBothNodesAndTheJobFinishes) {
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  Reaper reaper;
+  std::vector<pid_t>& nodes = reaper.pids;
+  std::vector<std::string> args = mnist_args(dir.path, 2, 2, 16, 60);
+  args.insert(args.end(), {"--max-restarts", "1", "--save-every-n-steps", "5"});
+  for (int node = 0; node < 2; ++node) {
+    nodes.push_back(TwoHosts::start_in(-1, {}, args,
+                                       {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"NODE_RANK", std::to_string(node)}},
+                                       dir.path + "/node" + std::to_string(node) + ".log"));
+  }
+  const std::string last = dir.path + "/runs/lightning_logs/version_0/checkpoints/last.ckpt";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (!std::filesystem::exists(last) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(std::filesystem::exists(last)) << read_file(dir.path + "/node0.log");
+  int victim = -1;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_file((e.path() / "stat").string());
+    int ppid = 0;
+    const auto close = stat.rfind(')');
+    if (close != std::string::npos && std::sscanf(stat.c_str() + close + 2, "%*c %d", &ppid) == 1 && ppid == nodes[1]) {
+      victim = std::stoi(name);
+    }
+  }
+  ASSERT_GT(victim, 0) << "node 1 has no worker";
+  ::kill(victim, SIGKILL);
+  auto status0 = wait_for(nodes[0], std::chrono::seconds(120));
+  auto status1 = wait_for(nodes[1], std::chrono::seconds(120));
+  const std::string log0 = read_file(dir.path + "/node0.log"), log1 = read_file(dir.path + "/node1.log");
+  ASSERT_TRUE(status0 && status1) << log0 << "\n---\n" << log1;
+  EXPECT_TRUE(WIFEXITED(*status0) && WEXITSTATUS(*status0) == 0) << log0;
+  EXPECT_TRUE(WIFEXITED(*status1) && WEXITSTATUS(*status1) == 0) << log1;
+  EXPECT_TRUE(contains(log1, "attempt 1 of 2 failed: node 1: worker rank ")) << log1;
+  EXPECT_TRUE(contains(log1, "was killed by SIGKILL")) << log1;
+  EXPECT_TRUE(contains(log0, "attempt 1 of 2 failed: node 0 ")) << log0;
+  EXPECT_TRUE(contains(log0, "restart 1 of the launch: resuming from " + last)) << log0;
+  EXPECT_TRUE(contains(log0, "fit stopped at epoch 1, step 60: max_steps=60 reached")) << log0;
+  EXPECT_TRUE(processes_with(dir.path).empty()) << "a process of the job is left";
+}
+
 // Node 0 dies whole (its launcher, which serves the store, is SIGKILLed):
 // node 1's worker fails its collective, says that node 0's store is gone, and
 // node 1 exits non-zero at once. Two nodes of one worker on this machine.

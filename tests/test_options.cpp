@@ -9,10 +9,22 @@
 
 #include <gtest/gtest.h>
 
-#include <dlfcn.h>
+#include "runtime/env.h"
+#include "runtime/env_vars.h"
+#include "runtime/threads.h"
 
+#include <dlfcn.h>
+#include <sched.h>
+
+#include <array>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <optional>
+#include <regex>
+#include <set>
 
 using namespace fulgur;
 
@@ -339,4 +351,126 @@ TEST(Version, IsTheProjectsAndEveryCheckpointAndProgramSaysIt) {
     EXPECT_EQ(::pclose(p), 0) << prog;
     EXPECT_EQ(std::string(buf, n), std::string(prog) + " (fulgur " + fulgur::version() + ")\n");
   }
+}
+
+// --- Environment variables (issue 32, item C10) ---------------------------
+
+namespace {
+
+const char* kTableBegin = "<!-- environment table: generated from src/runtime/env_vars.cpp; a test keeps it equal -->\n";
+const char* kTableEnd = "<!-- end of environment table -->";
+
+// Sets one variable for the scope and restores what was there.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name(name) {
+    if (const char* old = std::getenv(name)) before = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (before) setenv(name, before->c_str(), 1);
+    else unsetenv(name);
+  }
+  const char* name;
+  std::optional<std::string> before;
+};
+
+}  // namespace
+
+// The README's list of variables is the table, row for row.
+TEST(Environment, ReadmeListsExactlyTheTable) {
+  const std::string readme = fulgur::testing::read_file(std::string(FULGUR_SOURCE_DIR) + "/README.md");
+  const auto begin = readme.find(kTableBegin);
+  const auto end = readme.find(kTableEnd);
+  ASSERT_NE(begin, std::string::npos) << "README.md lacks the line " << kTableBegin;
+  ASSERT_NE(end, std::string::npos) << "README.md lacks the line " << kTableEnd;
+  const std::string listed = readme.substr(begin + std::strlen(kTableBegin), end - begin - std::strlen(kTableBegin));
+  const std::string table = runtime::environment_table_markdown();
+  EXPECT_EQ(listed, table) << "README.md's environment table differs from src/runtime/env_vars.cpp; put this between "
+                              "the two marker lines:\n"
+                           << table;
+}
+
+// Every variable a source file names when reading the environment is in the
+// table (the names given to the env.h readers, and the launcher's own in
+// worker_env.h), each row is there once, and nothing calls getenv but env.h
+// and the table itself.
+TEST(Environment, EverySourceReadsOnlyVariablesOfTheTable) {
+  std::set<std::string> names;
+  for (const auto& v : runtime::environment_variables()) EXPECT_TRUE(names.insert(v.name).second) << v.name << " twice";
+  const std::regex read(R"re((?:env_value|env_set|env_string|env_int|env_required|env_port|env_or_empty|\benv)\(\s*"([A-Za-z0-9_]+)")re");
+  const std::regex launcher_name(R"re(inline constexpr const char\* k\w+ = "([A-Z0-9_]+)")re");
+  int reads = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(std::string(FULGUR_SOURCE_DIR) + "/src")) {
+    const std::string ext = e.path().extension().string();
+    if (ext != ".cpp" && ext != ".h") continue;
+    const std::string rel = std::filesystem::relative(e.path(), FULGUR_SOURCE_DIR).string();
+    const std::string text = fulgur::testing::read_file(e.path().string());
+    if (rel != "src/runtime/env.h" && rel != "src/runtime/env_vars.cpp") {
+      EXPECT_EQ(text.find("getenv("), std::string::npos) << rel << " reads the environment without runtime/env.h";
+    }
+    for (const std::regex& re : {read, launcher_name}) {
+      if (&re == &launcher_name && rel != "src/launchers/worker_env.h") continue;
+      for (std::sregex_iterator m(text.begin(), text.end(), re), none; m != none; ++m) {
+        ++reads;
+        EXPECT_TRUE(names.count((*m)[1].str())) << rel << " reads " << (*m)[1].str() << ", which the table does not list";
+      }
+    }
+  }
+  EXPECT_GT(reads, 30);
+  EXPECT_THROW(runtime::env_value("FULGUR_NOT_IN_THE_TABLE"), std::logic_error);
+}
+
+// A malformed value of any variable in the table is refused when the Trainer
+// is made, naming the variable, the value and what is allowed; well-formed
+// values pass.
+TEST(Environment, MalformedValueIsRefusedWhenTheTrainerIsMade) {
+  const std::vector<std::array<const char*, 3>> bad = {
+      {"MASTER_PORT", "70000", "MASTER_PORT='70000' is not valid: a TCP port, an integer in [0, 65535]"},
+      {"OMP_NUM_THREADS", "four", "OMP_NUM_THREADS='four' is not valid: positive integers separated by commas"},
+      {"OMP_NUM_THREADS", "4,", "OMP_NUM_THREADS='4,' is not valid"},
+      {"WORLD_SIZE", "0", "WORLD_SIZE='0' is not valid: a positive integer"},
+      {"LOCAL_WORLD_SIZE", "2x", "LOCAL_WORLD_SIZE='2x' is not valid: a positive integer"},
+      {"FULGUR_FUSED_OPTIMIZER", "yes", "FULGUR_FUSED_OPTIMIZER='yes' is not valid: on, 1, off, 0 (unset: on)"},
+      {"OMP_WAIT_POLICY", "spin", "OMP_WAIT_POLICY='spin' is not valid: ACTIVE, PASSIVE"},
+      {"PJRT_DEVICE", "GPU", "PJRT_DEVICE='GPU' is not valid: CPU, TPU, CUDA"},
+      {"SLURM_JOB_ID", "abc", "SLURM_JOB_ID='abc' is not valid: text ending in digits"},
+      {"XLA_NUM_DEVICES", "-2", "XLA_NUM_DEVICES='-2' is not valid: a positive integer"},
+  };
+  for (const auto& [name, value, message] : bad) {
+    ScopedEnv env(name, value);
+    expect_invalid([] { Trainer t(TrainerOptions().accelerator("cpu").devices(1)); }, {message});
+  }
+  ScopedEnv threads("OMP_NUM_THREADS", "4,2");
+  ScopedEnv wait("OMP_WAIT_POLICY", "passive");
+  ScopedEnv port("MASTER_PORT", "29500");
+  EXPECT_NO_THROW(Trainer(TrainerOptions().accelerator("cpu").devices(1)));
+}
+
+// The core count behind the thread defaults honours cgroup v2's CPU quota,
+// read from a cgroup folder tree and a /proc/self/cgroup of the test's own
+// (the container's cannot be changed from a test): the tightest quota of the
+// process's cgroup and its ancestors, rounded up.
+TEST(Threads, CgroupCpuMaxOfTheCgroupAndItsAncestorsBoundsTheCores) {
+  fulgur::testing::TempDir dir;
+  const std::string root = dir.path + "/cgroup", self = dir.path + "/self_cgroup";
+  std::filesystem::create_directories(root + "/job/step");
+  auto write = [](const std::string& path, const std::string& text) { std::ofstream(path) << text; };
+  write(self, "0::/job/step\n");
+  write(root + "/cpu.max", "max 100000\n");
+  write(root + "/job/cpu.max", "250000 100000\n");  // 2.5 cores
+  write(root + "/job/step/cpu.max", "max 100000\n");
+  EXPECT_EQ(runtime::cgroup_cpu_limit(root, self), 3);
+  write(root + "/job/step/cpu.max", "50000 100000\n");  // half a core, below its parent's
+  EXPECT_EQ(runtime::cgroup_cpu_limit(root, self), 1);
+  write(root + "/job/cpu.max", "max 100000\n");
+  write(root + "/job/step/cpu.max", "max 100000\n");
+  EXPECT_EQ(runtime::cgroup_cpu_limit(root, self), 0) << "no quota anywhere";
+  write(self, "12:cpu,cpuacct:/job\n");
+  EXPECT_EQ(runtime::cgroup_cpu_limit(root, self), 0) << "cgroup v1 only";
+  // This machine: the affinity mask, bounded by the real quota when there is one.
+  const int64_t limit = runtime::cgroup_cpu_limit();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  EXPECT_EQ(runtime::available_cores(), limit > 0 ? std::min<int64_t>(CPU_COUNT(&set), limit) : CPU_COUNT(&set));
 }

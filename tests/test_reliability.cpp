@@ -13,6 +13,7 @@
 #include <fulgur/strategies/ddp.h>
 #include <fulgur/strategies/single_device.h>
 
+#include "launchers/worker_fork.h"
 #include "trainer/stop_poll.h"
 
 #include <gmock/gmock.h>
@@ -251,6 +252,84 @@ TEST(Faults, KilledParentTakesItsWorkersWithinASecond) {
   EXPECT_TRUE(gone) << "workers still running 1 s after their parent was killed";
   for (pid_t w : workers) {
     if (running(w)) ::kill(w, SIGKILL);
+  }
+}
+
+namespace {
+
+// The workers a launch forked through fork_failing_third (the test's seam).
+std::vector<pid_t> g_forked;
+
+// fork(2) for local ranks 0 and 1; for local rank 2 no process and EAGAIN,
+// what fork returns when the process limit is reached.
+pid_t fork_failing_third(int64_t local_rank) {
+  if (local_rank == 2) {
+    errno = EAGAIN;
+    return -1;
+  }
+  const pid_t pid = ::fork();
+  if (pid > 0) g_forked.push_back(pid);
+  return pid;
+}
+
+}  // namespace
+
+// Issue 32, item C9: the fork of worker 2 of 4 fails. The two started before
+// it, which would wait at the rendezvous for the missing ones (here they sleep
+// a minute), are killed and reaped at once: their pids are gone, not zombies,
+// and the error names the worker and the fork's error.
+TEST(Faults, FailedForkOfAWorkerKillsAndReapsTheStartedOnesAndNamesIt) {
+  g_forked.clear();
+  fulgur::detail::set_worker_fork(fork_failing_third);
+  struct Restore {
+    ~Restore() { fulgur::detail::set_worker_fork(nullptr); }
+  } restore;
+  MultiProcessLauncher launcher(MultiProcessLauncherOptions().num_processes(4));
+  const auto start = Clock::now();
+  try {
+    launcher.launch([]() -> c10::IValue {
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      return {};
+    });
+    FAIL() << "the launch did not fail";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cannot start worker rank 2 (local rank 2 of 4): fork failed: " +
+                                    std::string(std::strerror(EAGAIN))));
+    EXPECT_THAT(e.what(), HasSubstr("the 2 worker(s) already started were killed"));
+  }
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
+  ASSERT_EQ(g_forked.size(), 2u);
+  for (const pid_t pid : g_forked) {
+    // ESRCH: no such process, not even a zombie waiting for its parent (this test).
+    EXPECT_EQ(::kill(pid, 0), -1) << "worker " << pid << " is still there";
+    EXPECT_EQ(errno, ESRCH);
+  }
+}
+
+// Issue 32, item D13, through the example's flags: a worker of a 2-worker
+// MNIST run is SIGKILLed from outside after step 30; with --max-restarts 1 the
+// job starts again from the last.ckpt of step 20 (--save-every-n-steps 10)
+// and finishes with exit code 0, and no worker of the first attempt is left.
+// With both start methods: a spawned worker runs main again and learns its
+// attempt from the environment alone.
+TEST(Faults, SigkilledWorkerOfTheExampleIsRestartedFromLastCkptAndTheRunFinishes) {
+  for (const std::string method : {"fork", "spawn"}) {
+    SCOPED_TRACE("start method " + method);
+    TempDir dir;
+    Child job(mnist_job(dir.path + "/run", {"--max-restarts", "1", "--save-every-n-steps", "10", "--start-method", method}),
+              dir.path);
+    ASSERT_TRUE(job.wait_for_output("Epoch 0: 30/100", 120)) << job.stderr_text();
+    const auto workers = children_of(job.pid);
+    ASSERT_EQ(workers.size(), 2u);
+    ::kill(workers[1], SIGKILL);
+    EXPECT_EQ(job.wait(240), 0) << job.stderr_text();
+    const std::string err = job.stderr_text();
+    EXPECT_THAT(err, HasSubstr("attempt 1 of 2 failed: worker rank"));
+    EXPECT_THAT(err, HasSubstr("was killed by SIGKILL"));
+    EXPECT_THAT(err, HasSubstr("restart 1 of the launch: resuming from " + dir.path +
+                               "/run/lightning_logs/version_0/checkpoints/last.ckpt"));
+    EXPECT_THAT(err, HasSubstr("fit stopped at epoch 1, step 100: max_epochs=1 reached"));
+    for (pid_t w : workers) EXPECT_FALSE(running(w)) << "worker " << w << " of the first attempt is still running";
   }
 }
 

@@ -6,6 +6,8 @@
 #include "runtime/threads.h"
 
 #include <fulgur/accelerators/accelerator.h>
+#include <fulgur/callbacks/model_checkpoint.h>
+#include <fulgur/plugins/io/checkpoint_io.h>
 #include <fulgur/data/data_loader.h>
 #include <fulgur/launchers/launcher.h>
 #include <fulgur/lightning_module.h>
@@ -251,6 +253,114 @@ TEST(Launcher, KilledRankIsReportedWithItsSignal) {
   EXPECT_TRUE(fulgur::testing::processes_matching("test_strategies").empty());
 }
 
+namespace {
+
+// Rank 1 SIGKILLs itself at step 5 (after five optimizer steps), the first
+// time only: it leaves `marker` behind before the signal, so a restarted
+// worker (a new process of the same program) goes on. always: every time.
+struct KilledAtStep5 : TinyRegression {
+  KilledAtStep5(std::string marker, bool always) : marker(std::move(marker)), always(always) {}
+  StepOutput training_step(const Batch& b, int64_t i) override {
+    if (trainer()->global_rank() == 1 && trainer()->global_step() == 5 && (always || !std::filesystem::exists(marker))) {
+      std::ofstream(marker) << "killed at step 5\n";
+      std::raise(SIGKILL);
+    }
+    return TinyRegression::training_step(b, i);
+  }
+  std::string marker;
+  bool always;
+};
+
+// 2 ddp workers, 2 epochs of 8 steps each; last.ckpt every 2 steps in `ck`.
+TrainerOptions restartable(const std::string& root, int64_t max_restarts) {
+  auto ckpt = std::make_shared<ModelCheckpoint>(
+      ModelCheckpointOptions().dirpath(root + "/ck").save_top_k(0).save_last(true).every_n_train_steps(2));
+  return opts(root, "cpu", "ddp", 2).max_epochs(2).seed(11).max_restarts(max_restarts).callbacks({ckpt});
+}
+
+at::Tensor saved(const std::string& ckpt, const std::string& key) {
+  Checkpoint c = TorchCheckpointIO().load_checkpoint(ckpt);
+  return c10::impl::toTypedDict<std::string, c10::IValue>(c.at("state_dict").toGenericDict()).at(key).toTensor();
+}
+
+}  // namespace
+
+// Issue 32, item D13: rank 1 of a 2-worker ddp fit is SIGKILLed at step 5.
+// With max_restarts(1) the launcher stops rank 0, says why and which attempt
+// failed, and starts both again; they resume from the last.ckpt of step 4 and
+// end with exactly the parameters of a run that was never interrupted (in the
+// caller's module and in the last checkpoint each run saved).
+TEST(Launcher, KilledWorkerIsRestartedFromLastCkptAndEndsBitIdentical) {
+  TempDir dir;
+  const std::string marker = dir.path + "/killed";
+  torch::manual_seed(2);
+  KilledAtStep5 uninterrupted(dir.path + "/never", false);
+  std::ofstream(dir.path + "/never") << "never killed\n";
+  Trainer(restartable(dir.path + "/full", 0)).fit(uninterrupted, loader(128, 8));
+
+  torch::manual_seed(2);
+  KilledAtStep5 restarted(marker, false);
+  Trainer t(restartable(dir.path + "/restarted", 1));
+  ::testing::internal::CaptureStderr();
+  t.fit(restarted, loader(128, 8));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(std::filesystem::exists(marker)) << "rank 1 was never killed";
+  EXPECT_NE(err.find("attempt 1 of 2 failed: worker rank 1 failed first: it was killed by SIGKILL"), std::string::npos) << err;
+  EXPECT_NE(err.find("starting them again (restart 1 of 1"), std::string::npos) << err;
+  EXPECT_NE(err.find("restart 1 of the launch: resuming from " + dir.path + "/restarted/ck/last.ckpt"), std::string::npos)
+      << err;
+  EXPECT_EQ(t.global_step(), 16);
+  EXPECT_TRUE(torch::equal(restarted.fc->weight, uninterrupted.fc->weight))
+      << restarted.fc->weight << uninterrupted.fc->weight;
+  EXPECT_TRUE(torch::equal(restarted.fc->bias, uninterrupted.fc->bias));
+  for (const char* key : {"fc.weight", "fc.bias"}) {
+    EXPECT_TRUE(torch::equal(saved(dir.path + "/restarted/ck/last.ckpt", key), saved(dir.path + "/full/ck/last.ckpt", key)))
+        << key;
+  }
+  EXPECT_TRUE(fulgur::testing::processes_matching("test_strategies").empty());
+}
+
+// The restart fails the same way: the final report lists both attempts' root
+// causes, and no worker is left.
+TEST(Launcher, FailureAfterTheLastRestartListsEveryAttempt) {
+  TempDir dir;
+  KilledAtStep5 m(dir.path + "/killed", true);
+  Trainer t(restartable(dir.path, 1));
+  ::testing::internal::CaptureStderr();
+  try {
+    t.fit(m, loader(128, 8));
+    ::testing::internal::GetCapturedStderr();
+    FAIL() << "the fit did not fail";
+  } catch (const WorkerFailure& e) {
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    const std::string what = e.what();
+    EXPECT_EQ(e.rank(), 1) << what;
+    EXPECT_EQ(what.rfind("the job failed on each of its 2 attempts (max_restarts=1):", 0), 0u) << what;
+    EXPECT_NE(what.find("\n  attempt 1: worker rank 1 failed first: it was killed by SIGKILL"), std::string::npos) << what;
+    EXPECT_NE(what.find("\n  attempt 2: worker rank 1 failed first: it was killed by SIGKILL"), std::string::npos) << what;
+    EXPECT_NE(err.find("restart 1 of the launch: resuming from " + dir.path + "/ck/last.ckpt"), std::string::npos) << err;
+  }
+  EXPECT_TRUE(fulgur::testing::processes_matching("test_strategies").empty());
+}
+
+TEST(Launcher, NegativeMaxRestartsIsRefusedNamingTheValue) {
+  try {
+    DDPStrategy(std::make_shared<CPUAccelerator>(), {0, 1}, nullptr, nullptr, ParallelOptions().max_restarts(-1));
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("max_restarts=-1 is negative"), std::string::npos) << e.what();
+  }
+  try {
+    Trainer(TrainerOptions().accelerator("cpu").devices(1).max_restarts(2));
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("max_restarts=2 starts the worker processes of a job again, but strategy "
+                                         "'single_device' runs in this process"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Writes go through this IO, which records which rank wrote.
 struct RecordingIO : XLACheckpointIO {
   explicit RecordingIO(std::string log) : log(std::move(log)) {}
@@ -300,6 +410,49 @@ struct ParallelOpEachBatch : Callback {
 };
 
 }  // namespace
+
+namespace {
+
+// Writes "<intra-op threads> <OMP_NUM_THREADS> <OMP_WAIT_POLICY>" of this
+// worker to <dir>/rank-<R> at its first batch.
+struct RecordThreads : Callback {
+  explicit RecordThreads(std::string dir) : dir(std::move(dir)) {}
+  std::string state_key() const override { return "RecordThreads"; }
+  void on_train_batch_end(Trainer& t, LightningModule&, const StepOutput&, const Batch&, int64_t) override {
+    const char* n = std::getenv("OMP_NUM_THREADS");
+    const char* wait = std::getenv("OMP_WAIT_POLICY");
+    std::ofstream(dir + "/rank-" + std::to_string(t.global_rank()))
+        << at::get_num_threads() << " " << (n ? n : "unset") << " " << (wait ? wait : "unset");
+  }
+  std::string dir;
+};
+
+}  // namespace
+
+// Issue 32, item C10: OMP_NUM_THREADS and OMP_WAIT_POLICY set by the user are
+// kept in the workers and followed (as Lightning sets them only when unset);
+// unset, each of 2 workers gets half the cores and passive waiting.
+TEST(Launcher, UserThreadSettingsAreKeptInTheWorkers) {
+  TempDir dir;
+  auto fit_recording = [&](const std::string& sub) {
+    std::filesystem::create_directories(dir.path + "/" + sub);
+    TinyRegression m;
+    Trainer t(opts(dir.path, "cpu", "ddp", 2).max_steps(1).enable_checkpointing(false).logger(false).callbacks(
+        {std::make_shared<RecordThreads>(dir.path + "/" + sub)}));
+    t.fit(m, loader(32, 8));
+  };
+  setenv("OMP_NUM_THREADS", "7", 1);
+  setenv("OMP_WAIT_POLICY", "ACTIVE", 1);
+  fit_recording("user");
+  unsetenv("OMP_NUM_THREADS");
+  unsetenv("OMP_WAIT_POLICY");
+  fit_recording("default");
+  const std::string half = std::to_string(std::max<int64_t>(1, fulgur::runtime::available_cores() / 2));
+  for (const char* rank : {"rank-0", "rank-1"}) {
+    EXPECT_EQ(fulgur::testing::read_file(dir.path + "/user/" + rank), "7 7 ACTIVE") << rank;
+    EXPECT_EQ(fulgur::testing::read_file(dir.path + "/default/" + rank), half + " " + half + " PASSIVE") << rank;
+  }
+}
 
 // GNU OpenMP's thread pool does not survive fork: a forked worker's first
 // parallel region used to hang when the launching process had run one before

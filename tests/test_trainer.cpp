@@ -360,7 +360,7 @@ TEST(Logging, UnknownLogLevelIsRefusedBeforeAnyRun) {
     Trainer t(quiet("."));
     ADD_FAILURE() << "FULGUR_LOG_LEVEL=loud was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("FULGUR_LOG_LEVEL=loud"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("FULGUR_LOG_LEVEL='loud' is not valid"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("debug, info, warning, error, off"), std::string::npos) << e.what();
   }
   ::unsetenv("FULGUR_LOG_LEVEL");
@@ -496,6 +496,52 @@ TEST(Checkpoint, ResumeGivesTheLossesOfAnUninterruptedRun) {
   for (size_t i = 0; i < joined.size(); ++i) EXPECT_DOUBLE_EQ(joined[i], full->losses[i]) << "step " << i;
 }
 
+namespace {
+
+// Throws in the training step after `at` optimizer steps, unless `at` is 0.
+struct FailsAfterStep : TinyRegression {
+  explicit FailsAfterStep(int64_t at) : TinyRegression(0.05), at(at) {}
+  StepOutput training_step(const Batch& b, int64_t i) override {
+    if (at > 0 && trainer()->global_step() == at) throw std::runtime_error("fails after step " + std::to_string(at));
+    return TinyRegression::training_step(b, i);
+  }
+  int64_t at;
+};
+
+}  // namespace
+
+// A last.ckpt that ModelCheckpoint writes in a batch's end hook
+// (every_n_train_steps) counts that batch as done: the run resumed from it
+// does not train on the batch again, mid-epoch (step 4 of 6) and after the
+// epoch's last batch (step 6), and gives the uninterrupted run's losses.
+TEST(Checkpoint, ResumeFromAStepCheckpointDoesNotRepeatItsBatch) {
+  for (const int64_t every : {4, 6}) {
+    TempDir dir;
+    auto run = [&](int64_t fail_at, const std::string& ckpt_path) {
+      torch::manual_seed(1);
+      auto m = std::make_shared<FailsAfterStep>(fail_at);
+      auto cb = std::make_shared<ModelCheckpoint>(
+          ModelCheckpointOptions().dirpath(dir.path + "/ck").save_top_k(0).save_last(true).every_n_train_steps(every));
+      Trainer t(quiet(dir.path).max_epochs(3).seed(9).callbacks({cb}));
+      try {
+        t.fit(*m, loader(48, 8, true), nullptr, ckpt_path);
+      } catch (const std::runtime_error&) {
+      }
+      return m;
+    };
+    auto full = run(0, "");
+    ASSERT_EQ(full->losses.size(), 18u);
+    auto first = run(every, "");  // fails in the step after the checkpoint
+    ASSERT_EQ(first->losses.size(), static_cast<size_t>(every));
+    auto second = run(0, dir.path + "/ck/last.ckpt");
+    std::vector<double> joined = first->losses;
+    joined.insert(joined.end(), second->losses.begin(), second->losses.end());
+    ASSERT_EQ(joined.size(), full->losses.size()) << "checkpoint every " << every << " steps";
+    for (size_t i = 0; i < joined.size(); ++i) EXPECT_DOUBLE_EQ(joined[i], full->losses[i]) << "step " << i;
+    EXPECT_TRUE(torch::equal(second->fc->weight, full->fc->weight));
+  }
+}
+
 TEST(Checkpoint, LastFindsTheNewestAndMissingStartsFresh) {
   TempDir dir;
   TinyRegression m;
@@ -624,7 +670,7 @@ int child_fit_then_big_malloc(const std::string& policy) {
       Trainer(quiet(dir.path).max_steps(2).logger(false).enable_checkpointing(false)).fit(model, loader(32, 8));
     } catch (const std::invalid_argument& e) {
       const std::string what = e.what();
-      return what.find("FULGUR_MALLOC_POLICY=" + policy) != std::string::npos &&
+      return what.find("FULGUR_MALLOC_POLICY='" + policy + "' is not valid") != std::string::npos &&
                      what.find("on, 1, off, 0") != std::string::npos
                  ? 2
                  : 3;

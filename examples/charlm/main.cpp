@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a character-level transformer on the King James Bible with fulgur"};
   std::string accelerator = "xla", devices = "auto", strategy = "xla", precision = "32-true";
   std::string root = "runs/charlm", ckpt_path, text = "data/kjv.txt", start_method = "fork";
-  int64_t max_steps = 600, batch_size = 32, sample_chars = 300, val_batches = 20;
+  int64_t max_steps = 600, batch_size = 32, sample_chars = 300, val_batches = 20, max_restarts = 0, save_every = 0;
   charlm::Config cfg;
   uint64_t seed = 42;
   app.add_option("--accelerator", accelerator, "cpu, cuda, xla or auto");
@@ -34,6 +34,10 @@ int main(int argc, char** argv) {
   app.add_option("--ckpt-path", ckpt_path, "resume from: a file, last or best");
   app.add_option("--text", text, "the training text");
   app.add_option("--start-method", start_method, "fork or spawn");
+  app.add_option("--max-restarts", max_restarts,
+                 "start the workers again after a failure up to N times, resuming from last.ckpt (ddp, xla)");
+  app.add_option("--save-every-n-steps", save_every,
+                 "also write last.ckpt every N optimizer steps (0: only at the validation after max-steps)");
   app.set_version_flag("--version", "charlm (fulgur " + fulgur::version() + ")");
   CLI11_PARSE(app, argc, argv);
 
@@ -49,7 +53,12 @@ int main(int argc, char** argv) {
     opts.accelerator(accelerator).devices(devices).strategy(strategy).precision(precision);
     opts.max_steps(max_steps).max_epochs(-1).default_root_dir(root).seed(seed).start_method(start_method);
     opts.val_check_interval(max_steps).limit_val_batches(val_batches).num_sanity_val_steps(0);
-    opts.log_every_n_steps(20);
+    opts.log_every_n_steps(20).max_restarts(max_restarts);
+    // A restart resumes from last.ckpt, so it is written whenever a checkpoint is.
+    if (max_restarts > 0 || save_every > 0) {
+      opts.callbacks({std::make_shared<fulgur::ModelCheckpoint>(
+          fulgur::ModelCheckpointOptions().save_last(true).every_n_train_steps(save_every))});
+    }
     fulgur::Trainer trainer(opts);
     trainer.fit(*model, data, ckpt_path);
     const auto& m = trainer.callback_metrics();

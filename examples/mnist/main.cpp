@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   std::string model_name = "cnn", accelerator = "auto", devices = "1", strategy = "auto", precision = "32-true";
   std::string root = "runs/mnist", ckpt_path, data_dir = "data/mnist", start_method = "fork", save_weights;
   int64_t max_epochs = 1, max_steps = -1, batch_size = 64, train_limit = 0, num_nodes = 1, timeout_s = 1800;
+  int64_t max_restarts = 0, save_every = 0;
   double limit_train = 1.0, lr = 1e-3;
   uint64_t seed = 42;
   bool no_test = false;
@@ -58,6 +59,9 @@ int main(int argc, char** argv) {
   app.add_option("--start-method", start_method, "fork or spawn");
   app.add_option("--collective-timeout", timeout_s, "seconds a collective or the rendezvous may wait")
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-restarts", max_restarts,
+                 "start the workers again after a failure up to N times, resuming from last.ckpt (ddp, xla)");
+  app.add_option("--save-every-n-steps", save_every, "also write last.ckpt every N optimizer steps (0: at epoch end)");
   app.add_option("--save-weights", save_weights, "folder: each rank writes its final parameters to rank-<R>.pt");
   app.add_flag("--no-test", no_test, "skip the test run after fit");
   app.set_version_flag("--version", "mnist (fulgur " + fulgur::version() + ")");
@@ -70,8 +74,15 @@ int main(int argc, char** argv) {
     fulgur::TrainerOptions opts;
     opts.accelerator(accelerator).devices(devices).strategy(strategy).precision(precision).num_nodes(num_nodes);
     opts.max_epochs(max_epochs).max_steps(max_steps).default_root_dir(root).seed(seed).start_method(start_method);
-    opts.log_every_n_steps(20).collective_timeout_ms(timeout_s * 1000);
-    if (!save_weights.empty()) opts.callbacks({std::make_shared<SaveWeights>(save_weights)});
+    opts.log_every_n_steps(20).collective_timeout_ms(timeout_s * 1000).max_restarts(max_restarts);
+    std::vector<std::shared_ptr<fulgur::Callback>> callbacks;
+    if (!save_weights.empty()) callbacks.push_back(std::make_shared<SaveWeights>(save_weights));
+    // A restart resumes from last.ckpt, so it is written whenever a checkpoint is.
+    if (max_restarts > 0 || save_every > 0) {
+      callbacks.push_back(std::make_shared<fulgur::ModelCheckpoint>(
+          fulgur::ModelCheckpointOptions().save_last(true).every_n_train_steps(save_every)));
+    }
+    opts.callbacks(callbacks);
     if (limit_train > 1.0) {
       opts.limit_train_batches(static_cast<int64_t>(limit_train));
     } else {

@@ -122,7 +122,7 @@ struct TrainerOptions {
   TORCH_ARG(std::string, devices) = "auto";
   // A name: "auto", "single_device", "single_xla", "ddp", "xla", "xla_debug";
   // or a configured Strategy object, which overrides `accelerator`,
-  // `devices`, `precision`, `num_nodes`, `start_method` and
+  // `devices`, `precision`, `num_nodes`, `start_method`, `max_restarts` and
   // `collective_timeout_ms` (the object has its own).
   TORCH_ARG(StrategyChoice, strategy) = "auto";
   // "32-true", "bf16-true", or "bf16-mixed" (CPU autocast to bfloat16 with
@@ -173,6 +173,12 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, collective_timeout_ms) = 30 * 60 * 1000;
   // Launcher start method for multi-process strategies: "fork" or "spawn".
   TORCH_ARG(std::string, start_method) = "fork";
+  // How many times a failed multi-process job (ddp, xla) is started again,
+  // a fit resuming from the run's last.ckpt (torchrun's --max-restarts; see
+  // MultiProcessLauncherOptions::max_restarts). Default 0. Negative, or more
+  // than 0 with a strategy that runs in this process, is
+  // std::invalid_argument from the constructor.
+  TORCH_ARG(int64_t, max_restarts) = 0;
   // Stop the run on SIGTERM/SIGINT at the next step boundary, after a checkpoint.
   TORCH_ARG(bool, handle_signals) = true;
   // Under a parallel strategy, give each DataLoader a DistributedSampler (each

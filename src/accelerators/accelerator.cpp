@@ -1,5 +1,6 @@
 #include <fulgur/accelerators/accelerator.h>
 
+#include "runtime/env.h"
 #include "runtime/threads.h"
 #include "xla/pjrt/client.h"
 #include <fulgur/xla/backend.h>
@@ -57,7 +58,7 @@ void CPUAccelerator::setup_device(const c10::Device& device) {
 }
 
 int64_t XLAAccelerator::auto_device_count() const {
-  if (const char* env = std::getenv("XLA_NUM_DEVICES"); env && *env) {
+  if (const char* env = runtime::env_value("XLA_NUM_DEVICES")) {
     int64_t n = 0;
     if (!parse_int(env, &n) || n < 1) {
       throw std::invalid_argument(std::string("XLA_NUM_DEVICES='") + env + "' must be a positive integer");
@@ -66,8 +67,8 @@ int64_t XLAAccelerator::auto_device_count() const {
   }
   // A GPU or TPU plugin (or one named by path): its addressable devices, counted in a child
   // process. The CPU plugin: one process per core, each with its own one-device client.
-  const char* device = std::getenv("PJRT_DEVICE");
-  const char* library = std::getenv("PJRT_LIBRARY_PATH");
+  const char* device = runtime::env_value("PJRT_DEVICE");
+  const char* library = runtime::env_value("PJRT_LIBRARY_PATH");
   if ((device && (std::string(device) == "CUDA" || std::string(device) == "TPU")) || (library && *library)) {
     return xla::pjrt::count_addressable_devices_in_child();
   }
@@ -116,7 +117,7 @@ CudaCount count_cuda_devices() {
   if (!WIFEXITED(status)) return {0, "the process that counts CUDA devices died (signal " + std::to_string(WTERMSIG(status)) + ")"};
   const int64_t n = WEXITSTATUS(status);
   if (n > 0) return {n, ""};
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const char* visible = runtime::env_value("CUDA_VISIBLE_DEVICES");
   return {0, std::string("libtorch has CUDA but sees no CUDA device (no NVIDIA driver or GPU answered") +
                  (visible ? std::string(", and CUDA_VISIBLE_DEVICES='") + visible + "'" : std::string()) + ")"};
 }

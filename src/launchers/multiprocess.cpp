@@ -11,7 +11,9 @@
 
 #include "distributed/network.h"
 #include "distributed/tcp_store.h"
+#include "launchers/restarts.h"
 #include "launchers/worker_env.h"
+#include "launchers/worker_fork.h"
 #include "runtime/log.h"
 #include "runtime/env.h"
 #include "runtime/signals.h"
@@ -50,11 +52,28 @@ namespace {
 using detail::kLaunchDirEnv;
 using detail::kLaunchIndexEnv;
 using detail::kParentStoreEnv;
+using detail::kRestartCountEnv;
 using detail::kStoreEnv;
 using detail::kWorkerEnv;
 
 // Launches this process has made (parent) or seen (spawned worker replaying).
 int g_launches = 0;
+
+pid_t plain_fork(int64_t) { return ::fork(); }
+
+detail::WorkerForkFn g_worker_fork = plain_fork;
+
+// A fork failed part way through starting a launch's workers: the ones
+// already started would wait at the rendezvous for the missing ones until its
+// timeout. They have done nothing worth a grace period, so they are
+// SIGKILLed, and reaped so that no zombie is left either.
+void kill_and_reap(const std::vector<pid_t>& started) {
+  for (const pid_t pid : started) ::kill(pid, SIGKILL);
+  for (const pid_t pid : started) {
+    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -80,8 +99,8 @@ std::string signal_name(int sig) {
 // removed when the process that made it exits normally.
 struct RunDir {
   RunDir() : owner(::getpid()) {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string tpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/fulgur-XXXXXX";
+    const char* tmp = runtime::env_value("TMPDIR");
+    std::string tpl = std::string(tmp ? tmp : "/tmp") + "/fulgur-XXXXXX";
     std::vector<char> buf(tpl.begin(), tpl.end());
     buf.push_back('\0');
     if (!::mkdtemp(buf.data())) throw std::runtime_error("launcher: cannot create a private folder from " + tpl);
@@ -178,13 +197,14 @@ c10::intrusive_ptr<::c10d::Store> node_store(const MultiProcessLauncherOptions& 
   return store;
 }
 
-// Records a node's first failure in the job's store, unless another node's
-// came first. Best effort: the store may be gone with node 0.
-void report_failure_to_job(const MultiProcessLauncherOptions& o, int64_t index, const std::string& what) {
+// Records a node's first failure in the job's store under `keys` (the
+// attempt's launch_store_prefix), unless another node's came first. Best
+// effort: the store may be gone with node 0.
+void report_failure_to_job(const MultiProcessLauncherOptions& o, const std::string& keys, const std::string& what) {
   try {
     auto store = node_store(o);
     if (!store) return;
-    const std::string prefix = "launch-" + std::to_string(index) + "/fulgur/";
+    const std::string prefix = keys + "/fulgur/";
     if (store->add(prefix + "failures", 1) == 1) {
       const std::string msg = "node " + std::to_string(o.node_rank()) + ": " + what;
       store->set(prefix + "failure", std::vector<uint8_t>(msg.begin(), msg.end()));
@@ -193,12 +213,12 @@ void report_failure_to_job(const MultiProcessLauncherOptions& o, int64_t index, 
   }
 }
 
-// The first failure another node recorded for this launch, or "".
-std::string failure_elsewhere(const MultiProcessLauncherOptions& o, int64_t index,
+// The first failure another node recorded under `keys` (this attempt's), or "".
+std::string failure_elsewhere(const MultiProcessLauncherOptions& o, const std::string& keys,
                               std::chrono::milliseconds connect_timeout = std::chrono::seconds(3)) {
   try {
     auto store = node_store(o, connect_timeout);
-    const std::string key = "launch-" + std::to_string(index) + "/fulgur/failure";
+    const std::string key = keys + "/fulgur/failure";
     if (!store || !store->check({key})) return "";
     const std::vector<uint8_t> v = store->get(key);
     const std::string msg(v.begin(), v.end());
@@ -286,6 +306,16 @@ std::vector<std::string> own_argv() {
 
 }  // namespace
 
+namespace detail {
+
+WorkerForkFn set_worker_fork(WorkerForkFn fn) {
+  WorkerForkFn previous = g_worker_fork == plain_fork ? nullptr : g_worker_fork;
+  g_worker_fork = fn ? fn : plain_fork;
+  return previous;
+}
+
+}  // namespace detail
+
 bool is_fulgur_worker() {
   return runtime::env_string(kWorkerEnv) == "1";
 }
@@ -297,7 +327,258 @@ MultiProcessLauncher::MultiProcessLauncher(MultiProcessLauncherOptions options) 
   if (options_.num_processes() < 1) {
     throw std::invalid_argument("num_processes=" + std::to_string(options_.num_processes()) + " must be >= 1");
   }
+  if (options_.max_restarts() < 0) {
+    throw std::invalid_argument("max_restarts=" + std::to_string(options_.max_restarts()) +
+                                " is negative; use 0 (a failure ends the job) or the number of restarts allowed");
+  }
+  // A spawned worker of fulgur's own launch makes this launcher again, with
+  // processes_created_externally set, and only runs its part.
+  if (options_.max_restarts() > 0 && options_.processes_created_externally() && !is_fulgur_worker()) {
+    throw std::invalid_argument("max_restarts=" + std::to_string(options_.max_restarts()) +
+                                ", but the processes were started outside fulgur (torchrun, srun or by hand), which "
+                                "fulgur cannot start again; give the restarts to that launcher (torchrun "
+                                "--max-restarts) and max_restarts=0 here");
+  }
 }
+
+namespace {
+
+// How one attempt of a launch ended.
+struct AttemptEnd {
+  bool ok = false;
+  // The failure report (empty when ok): the root cause first.
+  std::string report;
+  int rank = 0;
+  int exit_code = 0;
+  // A stop signal was forwarded to the workers: the job is not restarted.
+  bool interrupted = false;
+};
+
+// One attempt of launch `index`: starts this node's workers with `env`,
+// supervises them until every one has exited (the first failure stops the
+// others), and explains a failure. Throws only when a worker cannot be
+// started (after killing the ones that were).
+AttemptEnd run_attempt(const MultiProcessLauncherOptions& options, const WorkerFn& fn,
+                       const std::map<std::string, std::string>& env, const std::string& dir, int64_t index,
+                       int64_t attempt) {
+  const int64_t n = options.num_processes();
+  const bool several_nodes = options.num_nodes() > 1;
+  const std::string keys = detail::launch_store_prefix(index, attempt);
+  const std::vector<std::string> argv = options.start_method() == "spawn" ? own_argv() : std::vector<std::string>{};
+  const pid_t parent = ::getpid();
+  std::vector<pid_t> pids(n, -1);
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  for (int64_t local = 0; local < n; ++local) {
+    const int64_t rank = options.node_rank() * n + local;
+    const pid_t pid = g_worker_fork(local);
+    if (pid < 0) {
+      const int err = errno;
+      const std::vector<pid_t> started(pids.begin(), pids.begin() + local);
+      kill_and_reap(started);
+      const std::string what = "cannot start worker rank " + std::to_string(rank) + " (local rank " +
+                               std::to_string(local) + " of " + std::to_string(n) + "): fork failed: " +
+                               std::strerror(err) + "; the " + std::to_string(local) +
+                               " worker(s) already started were killed";
+      if (several_nodes) report_failure_to_job(options, keys, "launcher " + what);
+      throw std::runtime_error("launcher: " + what);
+    }
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(1);
+      ::signal(SIGTERM, SIG_DFL);
+      ::signal(SIGINT, SIG_DFL);
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
+      if (options.start_method() == "spawn") {
+        std::vector<char*> args;
+        for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+        args.push_back(nullptr);
+        ::execv("/proc/self/exe", args.data());
+        std::fprintf(stderr, "fulgur: rank %lld: cannot re-execute the program: %s\n", static_cast<long long>(rank),
+                     std::strerror(errno));
+        ::_exit(127);
+      }
+      g_launches = static_cast<int>(index);
+      run_forked_worker(fn, n);
+    }
+    pids[local] = pid;
+  }
+
+  // Supervise: the first failure stops the others. The guard is installed
+  // after the forks: a forked worker would inherit it as already installed,
+  // and its own guard (run_in_worker) would then not install its handlers.
+  runtime::StopSignalGuard signals;
+  struct Exit {
+    bool done = false;
+    int status = 0;
+    double time = 0;
+  };
+  std::vector<Exit> exits(n);
+  int64_t alive = n;
+  bool forwarded = false;
+  bool hurried = false;
+  int forwarded_signal = 0;
+  bool killed_after_signal = false;  // SIGKILL sent to workers a stop signal did not end
+  bool stopping = false;
+  double stop_time = 0;  // when the parent began stopping the others
+  auto stop_deadline = std::chrono::steady_clock::time_point::max();
+  auto next_poll = std::chrono::steady_clock::now();
+  while (alive > 0) {
+    // Another node's failure stops this node's workers too.
+    if (several_nodes && !stopping && !forwarded && std::chrono::steady_clock::now() >= next_poll) {
+      if (!failure_elsewhere(options, keys, std::chrono::milliseconds(1000)).empty()) {
+        stopping = true;
+        stop_time = now_seconds();
+        for (int64_t j = 0; j < n; ++j)
+          if (!exits[j].done) ::kill(pids[j], SIGTERM);
+        stop_deadline = std::chrono::steady_clock::now() + options.grace_period();
+      }
+      next_poll = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    }
+    if (!forwarded && runtime::received_stop_signal() != 0) {
+      forwarded = true;
+      forwarded_signal = runtime::received_stop_signal();
+      for (int64_t i = 0; i < n; ++i)
+        if (!exits[i].done) ::kill(pids[i], forwarded_signal);
+      stop_deadline = std::min(stop_deadline, std::chrono::steady_clock::now() + options.stop_timeout());
+    }
+    if (forwarded && !hurried && runtime::stop_signal_count() > 1) {
+      hurried = true;  // asked twice: SIGKILL now
+      stop_deadline = std::chrono::steady_clock::now();
+    }
+    bool progressed = false;
+    for (int64_t i = 0; i < n; ++i) {
+      if (exits[i].done) continue;
+      int status = 0;
+      const pid_t r = ::waitpid(pids[i], &status, WNOHANG);
+      if (r != pids[i]) continue;
+      exits[i] = {true, status, now_seconds()};
+      --alive;
+      progressed = true;
+      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (failed && !stopping && !forwarded) {
+        if (several_nodes) {
+          const int64_t rank = options.node_rank() * n + i;
+          const ErrorRecord rec = read_error_record(dir, rank);
+          std::string what = "worker rank " + std::to_string(rank) +
+                             (WIFSIGNALED(status) ? " was killed by " + signal_name(WTERMSIG(status))
+                                                  : " exited with code " + std::to_string(WEXITSTATUS(status)));
+          if (rec.present) what += ": " + rec.message;
+          // A collective error here is the consequence of a failure elsewhere, which that node reports.
+          if (!(rec.present && rec.kind == "collective")) report_failure_to_job(options, keys, what);
+        }
+        stopping = true;
+        stop_time = now_seconds();
+        for (int64_t j = 0; j < n; ++j)
+          if (!exits[j].done) ::kill(pids[j], SIGTERM);
+        stop_deadline = std::chrono::steady_clock::now() + options.grace_period();
+      }
+    }
+    if (alive > 0 && std::chrono::steady_clock::now() >= stop_deadline) {
+      killed_after_signal = forwarded;
+      for (int64_t j = 0; j < n; ++j)
+        if (!exits[j].done) ::kill(pids[j], SIGKILL);
+      stop_deadline = std::chrono::steady_clock::time_point::max();
+    }
+    if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  runtime::clear_stop_signal();
+
+  bool all_ok = true;
+  for (const auto& e : exits) all_ok = all_ok && WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0;
+  if (all_ok) return AttemptEnd{true, "", 0, 0, false};
+
+  // Root cause: the earliest failure that is not a consequence of another
+  // (a collective error caused by a peer leaving, or a rank the parent
+  // signalled while stopping the job).
+  struct Failure {
+    int64_t rank;
+    double time;
+    int priority;  // 0 root cause, 1 consequence
+    std::string how;
+    int code;
+  };
+  std::vector<Failure> failures;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t rank = options.node_rank() * n + i;
+    const int status = exits[i].status;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    ErrorRecord rec = read_error_record(dir, rank);
+    Failure f{rank, rec.present ? rec.time : exits[i].time, 0, "", 1};
+    if (WIFSIGNALED(status)) {
+      const int sig = WTERMSIG(status);
+      f.how = "was killed by " + signal_name(sig);
+      f.code = 128 + sig;
+      const bool ours = sig == SIGTERM || sig == SIGKILL;
+      if (stopping && ours && exits[i].time >= stop_time) f.priority = 1;
+    } else {
+      f.code = WEXITSTATUS(status);
+      f.how = "exited with code " + std::to_string(f.code);
+      if (rec.present && rec.kind == "collective") f.priority = 1;
+    }
+    if (rec.present) f.how += ": " + rec.message;
+    failures.push_back(f);
+  }
+  std::sort(failures.begin(), failures.end(), [](const Failure& a, const Failure& b) {
+    return a.priority != b.priority ? a.priority < b.priority : a.time < b.time;
+  });
+  const Failure& first = failures.front();
+  if (forwarded) {
+    std::string what = "job interrupted by " + signal_name(forwarded_signal) + "; rank " + std::to_string(first.rank) +
+                       " " + first.how;
+    if (killed_after_signal) {
+      what += hurried ? "; a second signal killed the workers still running"
+                      : "; the workers still running " + std::to_string(options.stop_timeout().count()) +
+                            " ms after it (stop_timeout) were killed";
+    }
+    return AttemptEnd{false, what, static_cast<int>(first.rank), 128 + forwarded_signal, true};
+  }
+  std::ostringstream report;
+  const std::string elsewhere = several_nodes && first.priority == 1 ? failure_elsewhere(options, keys) : "";
+  if (!elsewhere.empty()) {
+    report << "node " << options.node_rank() << " stopped because the job failed on " << elsewhere << "; here ";
+  } else if (several_nodes) {
+    report << "node " << options.node_rank() << ": ";
+  }
+  report << "worker rank " << first.rank << " failed first: it " << first.how;
+  if (failures.size() > 1) {
+    report << " (then stopped: ";
+    for (size_t i = 1; i < failures.size(); ++i) report << (i > 1 ? ", " : "") << "rank " << failures[i].rank;
+    report << ")";
+  }
+  return AttemptEnd{false, report.str(), static_cast<int>(first.rank), 1, false};
+}
+
+// Empties a launch's folder for its next attempt (error records, the file
+// store, a result), keeping only the record of the checkpoint folders that
+// the restarted workers resume from.
+void clear_for_restart(const std::string& dir) {
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().filename() != detail::kCheckpointFoldersFile) stale.push_back(e.path());
+  }
+  for (const auto& p : stale) fs::remove_all(p, ec);
+}
+
+// The report of a launch that failed after restarts: each attempt's root cause.
+std::string attempts_report(const std::vector<std::string>& reports, bool interrupted, int64_t max_restarts) {
+  if (reports.size() == 1) return reports.front();
+  std::ostringstream out;
+  if (interrupted) {
+    out << reports.back() << "\nafter " << reports.size() - 1 << " restart(s), of these failed attempts:";
+  } else {
+    out << "the job failed on each of its " << reports.size() << " attempts (max_restarts=" << max_restarts << "):";
+  }
+  const size_t listed = interrupted ? reports.size() - 1 : reports.size();
+  for (size_t i = 0; i < listed; ++i) out << "\n  attempt " << i + 1 << ": " << reports[i];
+  return out.str();
+}
+
+}  // namespace
 
 c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   if (is_fulgur_worker()) {
@@ -337,184 +618,28 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
     env[kStoreEnv] = dir + "/store";
   }
 
-  const std::vector<std::string> argv = options_.start_method() == "spawn" ? own_argv() : std::vector<std::string>{};
-  const pid_t parent = ::getpid();
-  std::vector<pid_t> pids(n, -1);
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  for (int64_t local = 0; local < n; ++local) {
-    const int64_t rank = options_.node_rank() * n + local;
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error(std::string("launcher: fork failed: ") + std::strerror(errno));
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(1);
-      ::signal(SIGTERM, SIG_DFL);
-      ::signal(SIGINT, SIG_DFL);
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
-      if (options_.start_method() == "spawn") {
-        std::vector<char*> args;
-        for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-        args.push_back(nullptr);
-        ::execv("/proc/self/exe", args.data());
-        std::fprintf(stderr, "fulgur: rank %lld: cannot re-execute the program: %s\n", static_cast<long long>(rank),
-                     std::strerror(errno));
-        ::_exit(127);
-      }
-      g_launches = static_cast<int>(index);
-      run_forked_worker(fn, n);
+  // A failed attempt is started again, up to max_restarts times, once every
+  // worker of it has exited; a fit resumes from the run's last.ckpt
+  // (TrainerImpl::run_in_worker, launchers/restarts.h).
+  std::vector<std::string> reports;
+  for (int64_t attempt = 0;; ++attempt) {
+    if (attempt > 0) clear_for_restart(dir);
+    env[kRestartCountEnv] = std::to_string(attempt);
+    const AttemptEnd end = run_attempt(options_, fn, env, dir, index, attempt);
+    if (end.ok) {
+      if (options_.node_rank() != 0) return c10::IValue();
+      return TorchCheckpointIO().load_checkpoint(dir + "/result.pt").at("result");
     }
-    pids[local] = pid;
+    reports.push_back(end.report);
+    if (end.interrupted || attempt >= options_.max_restarts()) {
+      throw WorkerFailure(attempts_report(reports, end.interrupted, options_.max_restarts()), end.rank, end.exit_code);
+    }
+    runtime::log(runtime::LogLevel::kWarning,
+                 "attempt " + std::to_string(attempt + 1) + " of " + std::to_string(options_.max_restarts() + 1) +
+                     " failed: " + end.report + "; every worker has stopped; starting them again (restart " +
+                     std::to_string(attempt + 1) + " of " + std::to_string(options_.max_restarts()) +
+                     "; a fit resumes from its last.ckpt)");
   }
-
-  // Supervise: the first failure stops the others.
-  runtime::StopSignalGuard signals;
-  struct Exit {
-    bool done = false;
-    int status = 0;
-    double time = 0;
-  };
-  std::vector<Exit> exits(n);
-  int64_t alive = n;
-  bool forwarded = false;
-  bool hurried = false;
-  int forwarded_signal = 0;
-  bool killed_after_signal = false;  // SIGKILL sent to workers a stop signal did not end
-  bool stopping = false;
-  double stop_time = 0;  // when the parent began stopping the others
-  auto stop_deadline = std::chrono::steady_clock::time_point::max();
-  auto next_poll = std::chrono::steady_clock::now();
-  while (alive > 0) {
-    // Another node's failure stops this node's workers too.
-    if (several_nodes && !stopping && !forwarded && std::chrono::steady_clock::now() >= next_poll) {
-      if (!failure_elsewhere(options_, index, std::chrono::milliseconds(1000)).empty()) {
-        stopping = true;
-        stop_time = now_seconds();
-        for (int64_t j = 0; j < n; ++j)
-          if (!exits[j].done) ::kill(pids[j], SIGTERM);
-        stop_deadline = std::chrono::steady_clock::now() + options_.grace_period();
-      }
-      next_poll = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-    }
-    if (!forwarded && runtime::received_stop_signal() != 0) {
-      forwarded = true;
-      forwarded_signal = runtime::received_stop_signal();
-      for (int64_t i = 0; i < n; ++i)
-        if (!exits[i].done) ::kill(pids[i], forwarded_signal);
-      stop_deadline = std::min(stop_deadline, std::chrono::steady_clock::now() + options_.stop_timeout());
-    }
-    if (forwarded && !hurried && runtime::stop_signal_count() > 1) {
-      hurried = true;  // asked twice: SIGKILL now
-      stop_deadline = std::chrono::steady_clock::now();
-    }
-    bool progressed = false;
-    for (int64_t i = 0; i < n; ++i) {
-      if (exits[i].done) continue;
-      int status = 0;
-      const pid_t r = ::waitpid(pids[i], &status, WNOHANG);
-      if (r != pids[i]) continue;
-      exits[i] = {true, status, now_seconds()};
-      --alive;
-      progressed = true;
-      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && !stopping && !forwarded) {
-        if (several_nodes) {
-          const int64_t rank = options_.node_rank() * n + i;
-          const ErrorRecord rec = read_error_record(dir, rank);
-          std::string what = "worker rank " + std::to_string(rank) +
-                             (WIFSIGNALED(status) ? " was killed by " + signal_name(WTERMSIG(status))
-                                                  : " exited with code " + std::to_string(WEXITSTATUS(status)));
-          if (rec.present) what += ": " + rec.message;
-          // A collective error here is the consequence of a failure elsewhere, which that node reports.
-          if (!(rec.present && rec.kind == "collective")) report_failure_to_job(options_, index, what);
-        }
-        stopping = true;
-        stop_time = now_seconds();
-        for (int64_t j = 0; j < n; ++j)
-          if (!exits[j].done) ::kill(pids[j], SIGTERM);
-        stop_deadline = std::chrono::steady_clock::now() + options_.grace_period();
-      }
-    }
-    if (alive > 0 && std::chrono::steady_clock::now() >= stop_deadline) {
-      killed_after_signal = forwarded;
-      for (int64_t j = 0; j < n; ++j)
-        if (!exits[j].done) ::kill(pids[j], SIGKILL);
-      stop_deadline = std::chrono::steady_clock::time_point::max();
-    }
-    if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  runtime::clear_stop_signal();
-
-  bool all_ok = true;
-  for (const auto& e : exits) all_ok = all_ok && WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0;
-  if (all_ok) {
-    const std::string result = dir + "/result.pt";
-    if (options_.node_rank() != 0) return c10::IValue();
-    return TorchCheckpointIO().load_checkpoint(result).at("result");
-  }
-
-  // Root cause: the earliest failure that is not a consequence of another
-  // (a collective error caused by a peer leaving, or a rank the parent
-  // signalled while stopping the job).
-  struct Failure {
-    int64_t rank;
-    double time;
-    int priority;  // 0 root cause, 1 consequence
-    std::string how;
-    int code;
-  };
-  std::vector<Failure> failures;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t rank = options_.node_rank() * n + i;
-    const int status = exits[i].status;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    ErrorRecord rec = read_error_record(dir, rank);
-    Failure f{rank, rec.present ? rec.time : exits[i].time, 0, "", 1};
-    if (WIFSIGNALED(status)) {
-      const int sig = WTERMSIG(status);
-      f.how = "was killed by " + signal_name(sig);
-      f.code = 128 + sig;
-      const bool ours = sig == SIGTERM || sig == SIGKILL;
-      if (stopping && ours && exits[i].time >= stop_time) f.priority = 1;
-    } else {
-      f.code = WEXITSTATUS(status);
-      f.how = "exited with code " + std::to_string(f.code);
-      if (rec.present && rec.kind == "collective") f.priority = 1;
-    }
-    if (rec.present) f.how += ": " + rec.message;
-    failures.push_back(f);
-  }
-  std::sort(failures.begin(), failures.end(), [](const Failure& a, const Failure& b) {
-    return a.priority != b.priority ? a.priority < b.priority : a.time < b.time;
-  });
-  const Failure& first = failures.front();
-  if (forwarded) {
-    std::string what = "job interrupted by " + signal_name(forwarded_signal) + "; rank " + std::to_string(first.rank) +
-                       " " + first.how;
-    if (killed_after_signal) {
-      what += hurried ? "; a second signal killed the workers still running"
-                      : "; the workers still running " + std::to_string(options_.stop_timeout().count()) +
-                            " ms after it (stop_timeout) were killed";
-    }
-    throw WorkerFailure(what, static_cast<int>(first.rank), 128 + forwarded_signal);
-  }
-  std::ostringstream report;
-  const std::string elsewhere = several_nodes && first.priority == 1 ? failure_elsewhere(options_, index) : "";
-  if (!elsewhere.empty()) {
-    report << "node " << options_.node_rank() << " stopped because the job failed on " << elsewhere << "; here ";
-  } else if (several_nodes) {
-    report << "node " << options_.node_rank() << ": ";
-  }
-  report << "worker rank " << first.rank << " failed first: it " << first.how;
-  if (failures.size() > 1) {
-    report << " (then stopped: ";
-    for (size_t i = 1; i < failures.size(); ++i) report << (i > 1 ? ", " : "") << "rank " << failures[i].rank;
-    report << ")";
-  }
-  throw WorkerFailure(report.str(), static_cast<int>(first.rank), 1);
 }
 
 }  // namespace fulgur

@@ -1,16 +1,21 @@
 #pragma once
 // Reading the process environment, in one place: unset and empty count the
-// same, and a malformed number is an error naming the variable.
+// same, and a malformed number is an error naming the variable. Every name
+// read here must be in the table of runtime/env_vars.h (std::logic_error
+// otherwise), which documents it and checks its value when a Trainer is made.
 
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 
+#include "runtime/env_vars.h"
+
 namespace fulgur::runtime {
 
 // The value of `name`, or nullptr when it is unset or empty.
 inline const char* env_value(const char* name) {
+  environment_variable(name);  // throws for a name the table does not list
   const char* v = std::getenv(name);
   return v && *v ? v : nullptr;
 }

@@ -1,5 +1,7 @@
 #include "runtime/log.h"
 
+#include "runtime/env.h"
+
 #include <fulgur/plugins/environments/cluster_environment.h>
 
 #include <unistd.h>
@@ -23,10 +25,7 @@ int threshold(const std::string& s) {
   return -2;
 }
 
-std::string level_setting() {
-  const char* v = std::getenv("FULGUR_LOG_LEVEL");
-  return v ? v : "";
-}
+std::string level_setting() { return env_string("FULGUR_LOG_LEVEL"); }
 
 // The whole line in one write(2) (looping only if the kernel takes part of it).
 void write_line(const std::string& line) {
@@ -63,17 +62,9 @@ RankScope::~RankScope() {
   scoped_world_size.store(previous_world_size_);
 }
 
-void check_log_level() {
-  const std::string s = level_setting();
-  if (threshold(s) == -2) {
-    throw std::invalid_argument("FULGUR_LOG_LEVEL=" + s +
-                                " is not known; valid: debug, info, warning, error, off (unset: info)");
-  }
-}
-
 bool log_enabled(LogLevel level) {
   int lowest = threshold(level_setting());
-  if (lowest == -2) lowest = static_cast<int>(LogLevel::kInfo);  // refused by check_log_level at Trainer construction
+  if (lowest == -2) lowest = static_cast<int>(LogLevel::kInfo);  // refused by validate_environment at Trainer construction
   return lowest >= 0 && static_cast<int>(level) >= lowest;
 }
 

@@ -3,7 +3,8 @@
 //
 // Levels: debug < info < warning < error. FULGUR_LOG_LEVEL (read on each
 // message) sets the lowest level written: "debug", "info" (the default),
-// "warning", "error", or "off" for nothing.
+// "warning", "error", or "off" for nothing; another value is refused by the
+// Trainer's constructor (runtime::validate_environment).
 //
 // Each message is one line, "fulgur: <text>\n", written with a single
 // write(2), so the lines of several processes sharing stderr never mix within
@@ -17,10 +18,6 @@
 namespace fulgur::runtime {
 
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
-
-// Throws std::invalid_argument naming FULGUR_LOG_LEVEL and the valid values
-// when it holds another (the Trainer's constructor calls it).
-void check_log_level();
 
 // Whether a message at `level` is written (an unknown FULGUR_LOG_LEVEL counts as unset).
 bool log_enabled(LogLevel level);

@@ -16,8 +16,8 @@ namespace {
 void decide_and_apply() {
   const std::string choice = env_string("FULGUR_MALLOC_POLICY");
   if (choice == "off" || choice == "0") return;
-  if (!choice.empty() && choice != "on" && choice != "1")
-    throw std::invalid_argument("FULGUR_MALLOC_POLICY=" + choice + ": allowed values are on, 1, off, 0");
+  const std::string error = environment_value_error(environment_variable("FULGUR_MALLOC_POLICY"), choice);
+  if (!error.empty()) throw std::invalid_argument(error);
   // The user's own settings win.
   if (env_set("MALLOC_MMAP_THRESHOLD_") || env_set("MALLOC_TRIM_THRESHOLD_") || env_set("MALLOC_TOP_PAD_")) return;
   if (env_string("GLIBC_TUNABLES").find("glibc.malloc.") != std::string::npos) return;

@@ -52,7 +52,8 @@ ParallelStrategy::ParallelStrategy(std::shared_ptr<Accelerator> accelerator, std
                 .num_nodes(options_.num_nodes())
                 .start_method(options_.start_method())
                 .grace_period(options_.grace_period())
-                .stop_timeout(options_.stop_timeout());
+                .stop_timeout(options_.stop_timeout())
+                .max_restarts(options_.max_restarts());
   cluster_environment_ = options_.cluster_environment() ? options_.cluster_environment() : detect_cluster_environment();
   const ClusterEnvironment& env = *cluster_environment_;
   env.validate_settings(lo.num_processes(), options_.num_nodes());

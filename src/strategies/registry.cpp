@@ -59,6 +59,11 @@ std::shared_ptr<Strategy> make_strategy(const StrategyRequest& req) {
                                 "'; use accelerator \"cuda\", or \"bf16-mixed\" for mixed precision on " +
                                 accelerator->name());
   }
+  if ((name == "single_device" || name == "single_xla") && req.max_restarts() != 0) {
+    throw std::invalid_argument("max_restarts=" + std::to_string(req.max_restarts()) + " starts the worker processes of a job again, but strategy '" +
+                                name + "' runs in this process and starts none; use strategy \"ddp\" (or \"xla\") with devices 1 "
+                                "for restarts of one worker, or max_restarts 0");
+  }
   if (name == "single_device") {
     if (accelerator->name() == "xla") return std::make_shared<SingleDeviceXLAStrategy>(nullptr, std::make_shared<XLAPrecision>(precision));
     return std::make_shared<SingleDeviceStrategy>(accelerator->device(devices.front()), accelerator, nullptr,
@@ -69,6 +74,7 @@ std::shared_ptr<Strategy> make_strategy(const StrategyRequest& req) {
                       .timeout(req.collective_timeout())
                       .num_nodes(req.num_nodes())
                       .start_method(req.start_method())
+                      .max_restarts(req.max_restarts())
                       .use_distributed_sampler(req.use_distributed_sampler())
                       .debug(name == "xla_debug");
   if (name == "ddp") {

@@ -10,6 +10,7 @@
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
+#include "launchers/restarts.h"
 #include "runtime/log.h"
 #include "runtime/signals.h"
 #include "trainer/trainer_impl.h"
@@ -141,6 +142,10 @@ void TrainerImpl::training_batch(const Batch& batch, int64_t batch_idx) {
     in_training_step = false;
   }
   log_step_metrics(false);
+  // The batch is done before its end hooks run: a checkpoint that a hook
+  // writes (ModelCheckpoint's every_n_train_steps) resumes after it, not
+  // with it again.
+  epoch_batches_done = batch_idx + 1;
   model->on_train_batch_end(out, batch, batch_idx);
   for (auto& c : callbacks) c->on_train_batch_end(owner, *model, out, batch, batch_idx);
 }
@@ -257,6 +262,9 @@ void TrainerImpl::fit_loop() {
 
   for (auto& c : callbacks) c->on_fit_start(owner, *model);
   model->on_fit_start();
+  // Where this fit's last.ckpt goes (resolved by on_fit_start), for a restart
+  // of the launch to resume from.
+  if (auto* mc = owner.checkpoint_callback(); mc && strategy->is_global_zero()) record_checkpoint_folder(mc->dirpath());
 
   if (val_source && val_batches > 0 && global_step == 0 && resolved.limit_overrides == 0) {
     const int64_t n = options.num_sanity_val_steps() == -1 ? val_batches : std::min(options.num_sanity_val_steps(), val_batches);
@@ -279,7 +287,9 @@ void TrainerImpl::fit_loop() {
     if (val_source) val_source->set_epoch(current_epoch);
     model->train();
     results.reset();
-    epoch_finished = false;
+    // A run resumed from a checkpoint written after the epoch's last batch
+    // (by its end hook) has no batch left: it goes on to the epoch's end.
+    epoch_finished = epoch_batches_done >= num_training_batches;
     epoch_schedulers_stepped = false;
     for (auto& c : callbacks) c->on_train_epoch_start(owner, *model);
     model->on_train_epoch_start();
@@ -290,7 +300,6 @@ void TrainerImpl::fit_loop() {
         auto batch = stream->next();
         if (!batch) break;
         training_batch(*batch, batch_idx);
-        epoch_batches_done = batch_idx + 1;
         const bool last = batch_idx + 1 == num_training_batches;
         const bool check_val = val_source && val_batches > 0 &&
                                (current_epoch + 1) % options.check_val_every_n_epoch() == 0 &&

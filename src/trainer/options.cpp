@@ -10,6 +10,7 @@
 #include <fulgur/strategies/registry.h>
 #include <fulgur/trainer.h>
 
+#include "runtime/env_vars.h"
 #include "runtime/log.h"
 #include "trainer/trainer_impl.h"
 
@@ -77,7 +78,8 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
           "gradient_clip_val=" + std::to_string(options.gradient_clip_val().value_or(0)) + " must be >= 0");
   require(options.collective_timeout_ms() > 0,
           "collective_timeout_ms=" + std::to_string(options.collective_timeout_ms()) + " must be > 0");
-  runtime::check_log_level();
+  // Every environment variable fulgur honours, before anything reads one.
+  runtime::validate_environment();
   require(options.num_nodes() >= 1, "num_nodes=" + std::to_string(options.num_nodes()) + " must be >= 1");
   // Check the limits now, before any process starts.
   for (auto [limit, name] : {std::pair{options.limit_train_batches(), "limit_train_batches"},
@@ -110,6 +112,7 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
                                  .precision(options.precision())
                                  .num_nodes(options.num_nodes())
                                  .start_method(options.start_method())
+                                 .max_restarts(options.max_restarts())
                                  .collective_timeout(std::chrono::milliseconds(options.collective_timeout_ms()))
                                  .use_distributed_sampler(options.use_distributed_sampler()));
   } else if (auto* parallel = dynamic_cast<ParallelStrategy*>(strategy.get());

@@ -10,6 +10,7 @@
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 
+#include "launchers/restarts.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
 #include "runtime/signals.h"
@@ -23,6 +24,21 @@
 #include <stdexcept>
 
 namespace fulgur::detail {
+
+std::string TrainerImpl::resume_after_restart(const std::string& ckpt_path) {
+  // Rank 0 reads the records in node 0's launch folder; every rank restores the same file.
+  const std::string mine = strategy->is_global_zero() ? last_checkpoint_of_this_launch() : "";
+  const std::string found = strategy->broadcast(c10::IValue(mine), 0).toStringRef();
+  const std::string which = "restart " + std::to_string(restart_count()) + " of the launch: ";
+  if (!found.empty()) {
+    runtime::log_rank_zero(runtime::LogLevel::kInfo, which + "resuming from " + found);
+    return found;
+  }
+  runtime::log_rank_zero(runtime::LogLevel::kWarning,
+                         which + "no earlier attempt wrote a last.ckpt; starting " +
+                             (ckpt_path.empty() ? std::string("from scratch") : "from " + ckpt_path) + " again");
+  return ckpt_path;
+}
 
 c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, StageData data, const std::string& ckpt_path) {
   stage = run_stage;
@@ -111,7 +127,8 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
 
   predictions.clear();
   predict_batch_indices.clear();
-  const std::string path = resolve_ckpt_path(ckpt_path);
+  std::string path = resolve_ckpt_path(ckpt_path);
+  if (run_stage == Stage::kFit && restart_count() > 0) path = resume_after_restart(path);
   if (run_stage == Stage::kFit) {
     if (!data.train) throw std::invalid_argument("fit: no training loader (pass one, or give the DataModule a train_dataloader)");
     train_source = strategy->process_dataloader(data.train);

@@ -152,6 +152,9 @@ struct TrainerImpl {
   void load_callback_states(const c10::IValue& states);
   void restore(const std::string& path);
   std::string resolve_ckpt_path(const std::string& ckpt_path) const;
+  // In a restarted attempt of a launch (max_restarts): the last.ckpt an
+  // earlier attempt wrote, else `ckpt_path` (the stage's own). Every rank calls.
+  std::string resume_after_restart(const std::string& ckpt_path);
 
   // --- results travelling from rank 0 to the launching process ---
   c10::IValue make_result(const std::vector<at::Tensor>& predictions);

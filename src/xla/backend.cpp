@@ -2,6 +2,8 @@
 
 #include <ATen/FunctionalTensorWrapper.h>
 
+#include "runtime/env.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -80,8 +82,8 @@ Backend& backend() {
   std::lock_guard<std::mutex> lock(mu);
   auto& b = instance();
   if (!b) {
-    const char* env = std::getenv("FULGUR_XLA_BACKEND");
-    const std::string name = env && *env ? env : "pjrt";
+    const std::string set = runtime::env_string("FULGUR_XLA_BACKEND");
+    const std::string name = set.empty() ? "pjrt" : set;
     if (name == "eager") {
       b = std::make_unique<EagerBackend>();
     } else if (name == "ts" || name == "lazy") {  // "lazy": the name before "pjrt" existed

@@ -3,6 +3,7 @@
 
 #include "xla/pjrt_backend.h"
 
+#include "runtime/env.h"
 #include "runtime/log.h"
 
 #include <ATen/FunctionalTensorWrapper.h>
@@ -59,8 +60,7 @@ void count_bytes(int64_t up, int64_t down) {
 const stablehlo::EmitOptions& emit_options() {
   static const stablehlo::EmitOptions options = [] {
     stablehlo::EmitOptions o;
-    const char* env = std::getenv("FULGUR_XLA_HOST_KERNELS");
-    const std::string v = env ? env : "";
+    const std::string v = runtime::env_string("FULGUR_XLA_HOST_KERNELS");
     if (!v.empty() && v != "0" && v != "1")
       throw std::invalid_argument("FULGUR_XLA_HOST_KERNELS='" + v +
                                   "' is not valid: \"0\" (XLA's own convolutions), \"1\" (convolutions on the "

@@ -65,6 +65,20 @@ struct MultiProcessLauncherOptions {
   // A second signal to this process sends SIGKILL at once. Default 30 s, a
   // scheduler's usual grace between SIGTERM and SIGKILL.
   TORCH_ARG(std::chrono::milliseconds, stop_timeout) = std::chrono::milliseconds(30000);
+  // How many times a failed job is started again (torchrun's
+  // --max-restarts). When a worker fails (an exception, a signal, a
+  // collective error because a peer or a whole node is gone), every worker of
+  // the attempt is stopped as above; once all have exited, the launcher logs
+  // the attempt's root cause and starts them all again, with
+  // FULGUR_RESTART_COUNT set to the restart's number. A fit then resumes from
+  // the last.ckpt an earlier attempt's ModelCheckpoint wrote (save_last, or
+  // SIGTERM's checkpoint), else from its own ckpt_path, else from scratch. A
+  // stop signal, a worker that cannot be started, or the last attempt's
+  // failure ends the job; its WorkerFailure lists every attempt's root cause.
+  // With several nodes, give every node the same value: each node's launcher
+  // restarts its own workers, and each attempt meets under keys of its own.
+  // Default 0: the first failure ends the job. Negative: std::invalid_argument.
+  TORCH_ARG(int64_t, max_restarts) = 0;
   // Rendezvous for several nodes (MASTER_ADDR, MASTER_PORT).
   TORCH_ARG(std::string, main_address) = "127.0.0.1";
   TORCH_ARG(int, main_port) = 0;
@@ -76,7 +90,8 @@ struct MultiProcessLauncherOptions {
 
 class MultiProcessLauncher : public Launcher {
  public:
-  // Throws std::invalid_argument for an unknown start method or num_processes < 1.
+  // Throws std::invalid_argument for an unknown start method, num_processes < 1,
+  // max_restarts < 0, or max_restarts > 0 with processes created externally.
   explicit MultiProcessLauncher(MultiProcessLauncherOptions options);
   c10::IValue launch(const WorkerFn& fn) override;
   bool creates_processes() const override { return true; }

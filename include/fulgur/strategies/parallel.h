@@ -36,6 +36,10 @@ struct ParallelOptions {
   // After a stop signal: how long the workers get to save and exit (see
   // MultiProcessLauncherOptions::stop_timeout).
   TORCH_ARG(std::chrono::milliseconds, stop_timeout) = std::chrono::milliseconds(30000);
+  // How many times a failed job is started again, a fit resuming from the
+  // run's last.ckpt (see MultiProcessLauncherOptions::max_restarts). Default
+  // 0; negative: std::invalid_argument when the strategy is made.
+  TORCH_ARG(int64_t, max_restarts) = 0;
   // process_dataloader shards DataLoaders and refuses other sources; false:
   // every loader is used as given (it must shard itself).
   TORCH_ARG(bool, use_distributed_sampler) = true;

@@ -24,6 +24,8 @@ struct StrategyRequest {
   TORCH_ARG(std::string, precision) = "32-true";
   TORCH_ARG(int64_t, num_nodes) = 1;
   TORCH_ARG(std::string, start_method) = "fork";
+  // ParallelOptions::max_restarts; more than 0 needs a strategy that starts processes.
+  TORCH_ARG(int64_t, max_restarts) = 0;
   TORCH_ARG(std::chrono::milliseconds, collective_timeout) = std::chrono::minutes(30);
   TORCH_ARG(bool, use_distributed_sampler) = true;
 };

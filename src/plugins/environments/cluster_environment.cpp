@@ -36,11 +36,12 @@ RendezvousPoint LightningEnvironment::rendezvous() const {
   RendezvousPoint p = ClusterEnvironment::rendezvous();
   if (runtime::env_set(detail::kParentStoreEnv)) {
     p.store_served_externally = true;
-    p.store_prefix = "launch-" + runtime::env_required(detail::kLaunchIndexEnv, "a worker of a launch across nodes");
+    runtime::env_required(detail::kLaunchIndexEnv, "a worker of a launch across nodes");  // throws when unset
+    p.store_prefix = detail::launch_store_prefix(env_int(detail::kLaunchIndexEnv, 0), env_int(detail::kRestartCountEnv, 0));
   } else if (runtime::env_string("TORCHELASTIC_USE_AGENT_STORE") == "True") {
     // The agent's store outlives restarts: each attempt has its own keys, as in torch.distributed.
     p.store_served_externally = true;
-    if (const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT")) p.store_prefix = std::string("/worker/attempt_") + attempt;
+    if (const char* attempt = env("TORCHELASTIC_RESTART_COUNT")) p.store_prefix = std::string("/worker/attempt_") + attempt;
   }
   return p;
 }

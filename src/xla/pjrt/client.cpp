@@ -117,8 +117,7 @@ void set_cpu_plugin_flag_defaults() {
   static const std::pair<const char*, const char*> kDefaults[] = {
       {"xla_cpu_experimental_xnn_fusion_type", "LIBRARY_FUSION_TYPE_REDUCE"},
   };
-  const char* env = std::getenv("XLA_FLAGS");
-  std::string flags = env ? env : "";
+  std::string flags = runtime::env_string("XLA_FLAGS");
   for (const auto& [name, value] : kDefaults) {
     if (flags.find(name) != std::string::npos) continue;
     flags += (flags.empty() ? "--" : " --") + std::string(name) + "=" + value;
@@ -573,7 +572,7 @@ Client& process_client() {
     if (options.local_world_size > 1 && choice.device == "CUDA") options.visible_devices = std::vector<int64_t>{options.local_rank};
     if (options.local_world_size > 1 && choice.device == "TPU") {
       for (const auto& [name, value] : tpu_process_environment(options.local_rank, options.local_world_size,
-                                                               [](const char* n) { return std::getenv(n); }))
+                                                               [](const char* n) { return runtime::env_value(n); }))
         setenv(name.c_str(), value.c_str(), 0);
     }
     return new Client(Plugin::load(choice.path), options);

@@ -1,10 +1,11 @@
 #include "xla/pjrt/plugin_choice.h"
 
+#include "runtime/env.h"
+
 #include <glob.h>
 #include <unistd.h>
 
 #include <algorithm>
-
 #include <cstdlib>
 #include <stdexcept>
 
@@ -15,10 +16,7 @@ extern "C" const char* fulgur_installed_pjrt_cpu_plugin() __attribute__((weak));
 namespace fulgur::xla::pjrt {
 namespace {
 
-std::string env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
+std::string env_or_empty(const char* name) { return runtime::env_string(name); }
 
 bool exists(const std::string& path) { return !path.empty() && access(path.c_str(), F_OK) == 0; }
 
