@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <stdexcept>
 
 namespace fulgur {
@@ -46,6 +47,28 @@ void LightningModule::log_dict(const std::map<std::string, double>& values, cons
   for (const auto& [name, value] : values) log(name, value, options);
 }
 
+void LightningModule::log_dict(const std::map<std::string, at::Tensor>& values, const LogOptions& options,
+                               const std::string& prefix) {
+  for (const auto& [name, value] : values) log(prefix + name, value, options);
+}
+
+void LightningModule::log_dict(const std::map<std::string, double>& values, const LogOptions& options,
+                               const std::string& prefix) {
+  for (const auto& [name, value] : values) log(prefix + name, value, options);
+}
+
+void LightningModule::print(const std::string& text) const {
+  if (global_rank() != 0) return;
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+at::Tensor LightningModule::all_gather(const at::Tensor& tensor, bool sync_grads) {
+  if (!trainer_) return tensor;
+  return trainer_->strategy().all_gather(tensor, sync_grads);
+}
+
 std::vector<LightningOptimizer> LightningModule::optimizers() {
   if (!trainer_) throw std::logic_error("optimizers() is only available while a Trainer runs");
   std::vector<LightningOptimizer> out;
@@ -60,6 +83,9 @@ void LightningModule::manual_backward(const at::Tensor& loss) {
 
 int64_t LightningModule::current_epoch() const { return trainer_ ? trainer_->current_epoch() : 0; }
 int64_t LightningModule::global_step() const { return trainer_ ? trainer_->global_step() : 0; }
+int64_t LightningModule::global_rank() const { return trainer_ ? trainer_->strategy().global_rank() : 0; }
+int64_t LightningModule::local_rank() const { return trainer_ ? trainer_->strategy().local_rank() : 0; }
+int64_t LightningModule::world_size() const { return trainer_ ? trainer_->strategy().world_size() : 1; }
 
 c10::Device LightningModule::device() const {
   auto params = parameters(true);

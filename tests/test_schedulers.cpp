@@ -192,41 +192,75 @@ TEST(LrScheduler, ValuesPythonRefusesAreRefusedNamingThem) {
 
 namespace {
 
-// SGD under a cosine schedule stepped per epoch and a linear warm-up stepped per optimizer step
-// (through SequentialLR); rank 0 writes each epoch's first rate to `lr_log`.
-struct Scheduled : fulgur::testing::TinyRegression {
-  explicit Scheduled(std::string lr_log) : TinyRegression(0.1), log_path(std::move(lr_log)) {}
+// Writes each epoch's first learning rate to `lr_log` ("epoch rate" lines).
+struct LoggingLr : fulgur::testing::TinyRegression {
+  explicit LoggingLr(std::string lr_log) : TinyRegression(0.1), log_path(std::move(lr_log)) {}
   std::string log_path;
+  void on_train_epoch_start() override {
+    auto& opt = *trainer()->strategy().optimizer_config().optimizers.front();
+    std::ofstream(log_path, std::ios::app) << trainer()->current_epoch() << " "
+                                           << opt.param_groups()[0].options().get_lr() << "\n";
+  }
+};
+
+// SGD under a cosine schedule stepped per epoch.
+struct Scheduled : LoggingLr {
+  using LoggingLr::LoggingLr;
   OptimizerConfig configure_optimizers() override {
     auto sgd = std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
     auto cosine = std::make_shared<lrs::CosineAnnealingLR>(*sgd, 4, 0.01);
     return OptimizerConfig({sgd}, {SchedulerConfig(cosine)});
   }
-  void on_train_epoch_start() override {
-    auto& opt = *trainer()->strategy().optimizer_config().optimizers.front();
-    std::ofstream(log_path, std::ios::app) << trainer()->current_epoch() << " " << opt.param_groups()[0].options().get_lr()
-                                           << "\n";
+};
+
+// SGD with a ReduceLROnPlateau on `monitor`, stepped per epoch.
+struct Plateau : LoggingLr {
+  Plateau(std::string lr_log, std::string monitor, bool strict)
+      : LoggingLr(std::move(lr_log)), monitor(std::move(monitor)), strict(strict) {}
+  std::string monitor;
+  bool strict;
+  OptimizerConfig configure_optimizers() override {
+    auto sgd = std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+    auto p = std::make_shared<lrs::ReduceLROnPlateau>(
+        *sgd, lrs::ReduceLROnPlateauOptions().patience(0).factor(0.5).threshold(0.5));
+    return OptimizerConfig({sgd}, {SchedulerConfig(p).monitor(monitor).strict(strict)});
   }
 };
 
-at::Tensor fit(const std::string& dir, int64_t epochs, const std::string& ckpt) {
-  torch::manual_seed(5);
-  Scheduled m(dir + "/lr.txt");
+// `epochs` epochs of `model` (from ckpt when given) with last.ckpt in <dir>/ck and a validation
+// loader when `validate`; the weight it ends with.
+at::Tensor fit(LoggingLr& model, const std::string& dir, int64_t epochs, const std::string& ckpt, bool validate) {
+  auto data = [] {
+    return std::make_shared<DataLoader>(fulgur::testing::regression_data(32), DataLoaderOptions(8).shuffle(true).seed(2));
+  };
   Trainer t(TrainerOptions().accelerator("cpu").devices(1).max_epochs(epochs).default_root_dir(dir).logger(false)
                 .enable_progress_bar(false).enable_model_summary(false).num_sanity_val_steps(0)
                 .callbacks({std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().dirpath(dir + "/ck").save_last(true))}));
-  t.fit(m, std::make_shared<DataLoader>(fulgur::testing::regression_data(32), DataLoaderOptions(8).shuffle(true).seed(2)),
-        nullptr, ckpt);
-  return m.fc->weight.detach().clone();
+  t.fit(model, data(), validate ? data() : nullptr, ckpt);
+  return model.fc->weight.detach().clone();
+}
+
+at::Tensor fit_cosine(const std::string& dir, int64_t epochs, const std::string& ckpt) {
+  torch::manual_seed(5);
+  Scheduled m(dir + "/lr.txt");
+  return fit(m, dir, epochs, ckpt, false);
+}
+
+at::Tensor fit_plateau(const std::string& dir, int64_t epochs, const std::string& ckpt,
+                       const std::string& monitor = "val_loss", bool strict = true) {
+  std::filesystem::create_directories(dir);
+  torch::manual_seed(5);
+  Plateau m(dir + "/lr.txt", monitor, strict);
+  return fit(m, dir, epochs, ckpt, true);
 }
 
 }  // namespace
 
 TEST(LrScheduler, AResumedFitContinuesTheScheduleOfTheUninterruptedOne) {
   TempDir full, part;
-  const at::Tensor want = fit(full.path, 6, "");
-  fit(part.path, 3, "");
-  const at::Tensor got = fit(part.path, 6, part.path + "/ck/last.ckpt");
+  const at::Tensor want = fit_cosine(full.path, 6, "");
+  fit_cosine(part.path, 3, "");
+  const at::Tensor got = fit_cosine(part.path, 6, part.path + "/ck/last.ckpt");
   EXPECT_EQ(read_file(part.path + "/lr.txt"), read_file(full.path + "/lr.txt"));
   // Python's CosineAnnealingLR(T_max=4, eta_min=0.01) from 0.1, one value per epoch.
   std::ostringstream python_values;
@@ -234,40 +268,6 @@ TEST(LrScheduler, AResumedFitContinuesTheScheduleOfTheUninterruptedOne) {
   EXPECT_EQ(read_file(full.path + "/lr.txt"), python_values.str());
   EXPECT_TRUE(torch::equal(got, want)) << got << "\n" << want;
 }
-
-namespace {
-
-// SGD with a ReduceLROnPlateau on `monitor` (val_loss by default), stepped per epoch.
-struct Plateau : fulgur::testing::TinyRegression {
-  Plateau(std::string lr_log, std::string monitor, bool strict)
-      : TinyRegression(0.1), log_path(std::move(lr_log)), monitor(std::move(monitor)), strict(strict) {}
-  std::string log_path, monitor;
-  bool strict;
-  OptimizerConfig configure_optimizers() override {
-    auto sgd = std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
-    auto p = std::make_shared<lrs::ReduceLROnPlateau>(*sgd, lrs::ReduceLROnPlateauOptions().patience(0).factor(0.5).threshold(0.5));
-    return OptimizerConfig({sgd}, {SchedulerConfig(p).monitor(monitor).strict(strict)});
-  }
-  void on_train_epoch_start() override {
-    auto& opt = *trainer()->strategy().optimizer_config().optimizers.front();
-    std::ofstream(log_path, std::ios::app) << trainer()->current_epoch() << " " << opt.param_groups()[0].options().get_lr() << "\n";
-  }
-};
-
-at::Tensor fit_plateau(const std::string& dir, int64_t epochs, const std::string& ckpt, const std::string& monitor = "val_loss",
-                       bool strict = true) {
-  std::filesystem::create_directories(dir);
-  torch::manual_seed(5);
-  Plateau m(dir + "/lr.txt", monitor, strict);
-  Trainer t(TrainerOptions().accelerator("cpu").devices(1).max_epochs(epochs).default_root_dir(dir).logger(false)
-                .enable_progress_bar(false).enable_model_summary(false).num_sanity_val_steps(0)
-                .callbacks({std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().dirpath(dir + "/ck").save_last(true))}));
-  auto data = [] { return std::make_shared<DataLoader>(fulgur::testing::regression_data(32), DataLoaderOptions(8).shuffle(true).seed(2)); };
-  t.fit(m, data(), data(), ckpt);
-  return m.fc->weight.detach().clone();
-}
-
-}  // namespace
 
 // The plateau's rate follows val_loss (threshold 0.5, patience 0: it halves whenever val_loss
 // did not halve), and a resumed fit takes the step the interrupted epoch still owed.

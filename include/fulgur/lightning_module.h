@@ -94,6 +94,18 @@ class LightningModule : public torch::nn::Module {
   // order. Example: log_dict({{"loss", loss}, {"acc", acc}}, LogOptions().prog_bar(true));
   void log_dict(const std::map<std::string, at::Tensor>& values, const LogOptions& options = {});
   void log_dict(const std::map<std::string, double>& values, const LogOptions& options = {});
+  // The same, each name with `prefix` in front (as a MetricCollection's prefix: "val/").
+  void log_dict(const std::map<std::string, at::Tensor>& values, const LogOptions& options, const std::string& prefix);
+  void log_dict(const std::map<std::string, double>& values, const LogOptions& options, const std::string& prefix);
+  // Lightning's self.print: prints `text` and a newline on stdout on global rank 0 only.
+  void print(const std::string& text) const;
+
+  // --- Collectives ---------------------------------------------------------
+  // Lightning's self.all_gather: every rank's `tensor` stacked into
+  // [world_size, *shape] on this rank's device; on one process `tensor`
+  // itself, as Lightning's. With sync_grads the backward sums each rank's
+  // gradient into the rank that gave the slice. Every rank must call.
+  at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads = false);
 
   // --- Manual optimization -------------------------------------------------
   // With false, training_step drives the optimizers itself through
@@ -111,6 +123,10 @@ class LightningModule : public torch::nn::Module {
   Trainer* trainer() const { return trainer_; }
   int64_t current_epoch() const;
   int64_t global_step() const;
+  // Where this process stands (0, 0 and 1 outside a Trainer run).
+  int64_t global_rank() const;
+  int64_t local_rank() const;
+  int64_t world_size() const;
   // The device the parameters live on.
   c10::Device device() const;
 
