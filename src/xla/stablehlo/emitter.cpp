@@ -268,6 +268,10 @@ class Emitter {
   // The `approximate` argument of gelu and gelu_backward: false for "none", true for "tanh".
   static bool tanh_approximation(const Node* n, size_t i);
   Operand mul(const Operand& a, const Operand& b) { return binary("stablehlo.multiply", a, b, a.dtype); }
+  // `x` (of a wider float type) with the precision of `t` where `t` is a 16-bit float, keeping
+  // x's type: the value libtorch reads back after storing it as `t`. A stablehlo.reduce_precision,
+  // which XLA keeps, where it may drop a convert to `t` and back (excess precision).
+  Operand rounded_as(const Operand& x, c10::ScalarType t);
   Operand add(const Operand& a, const Operand& b) { return binary("stablehlo.add", a, b, a.dtype); }
   Operand unary(const std::string& name, const Operand& x) { return op(name, {x}, x.dims, x.dtype); }
   void nll_loss_forward(const Node* n);
@@ -428,6 +432,14 @@ Operand Emitter::dot(const Operand& a, const Operand& b, const Dims& batch, int6
   return op("stablehlo.dot_general", {as(a, t), as(b, t)}, dims, t, numbers);
 }
 
+Operand Emitter::rounded_as(const Operand& x, c10::ScalarType t) {
+  if (x.dtype == t || (t != c10::kBFloat16 && t != c10::kHalf)) return x;
+  const bool bf16 = t == c10::kBFloat16;
+  return op("stablehlo.reduce_precision", {x}, x.dims, x.dtype,
+            std::string("exponent_bits = ") + (bf16 ? "8" : "5") + " : i32, mantissa_bits = " + (bf16 ? "7" : "10") +
+                " : i32");
+}
+
 Operand Emitter::scaled(const Operand& x, const Operand& s) {
   if (s.constant && s.constant->equal(1)) return x;
   return binary("stablehlo.multiply", x, s, x.dtype);
@@ -571,12 +583,14 @@ void Emitter::sum_or_mean(const Node* n, bool mean) {
   set(n, 0, reshape(as(r, out), out_dims(n)));
 }
 
+// The softmax family computes in accumulation_type() and rounds its result once, as libtorch's
+// CPU kernels convert 16-bit floats to float32 for the whole row (the row sums above all).
 void Emitter::log_softmax(const Node* n) {
-  const c10::ScalarType t = out_dtype(n);
+  const c10::ScalarType out = out_dtype(n), t = accumulation_type(out);
   const Operand x = as(in(n, 0), t);
   const Dims dims = {wrap_dim(int_arg(n, 1, "dim"), x.dims.size())};
   if (x.dims.empty()) {
-    set(n, 0, splat(0, {}, t));
+    set(n, 0, splat(0, {}, out));
     return;
   }
   const Operand max = keep_dims(reduce(x, dims, "stablehlo.maximum", -std::numeric_limits<double>::infinity()),
@@ -585,50 +599,50 @@ void Emitter::log_softmax(const Node* n) {
   const Operand exp = op("stablehlo.exponential", {shifted}, x.dims, t);
   const Operand sum = reduce(exp, dims, "stablehlo.add", 0);
   const Operand lse = keep_dims(op("stablehlo.log", {sum}, sum.dims, t), x.dims, dims);
-  set(n, 0, binary("stablehlo.subtract", shifted, lse, t));
+  set(n, 0, as(binary("stablehlo.subtract", shifted, lse, t), out));
 }
 
 // grad - exp(output) * sum(grad, dim)
 void Emitter::log_softmax_backward(const Node* n) {
-  const c10::ScalarType t = out_dtype(n);
+  const c10::ScalarType out = out_dtype(n), t = accumulation_type(out);
   const Operand grad = as(in(n, 0), t), output = as(in(n, 1), t);
   const Dims dims = {wrap_dim(int_arg(n, 2, "dim"), grad.dims.size())};
   if (grad.dims.empty()) {
-    set(n, 0, grad);
+    set(n, 0, as(grad, out));
     return;
   }
   const Operand sum = keep_dims(reduce(grad, dims, "stablehlo.add", 0), grad.dims, dims);
   const Operand exp = op("stablehlo.exponential", {output}, output.dims, t);
-  set(n, 0, binary("stablehlo.subtract", grad, binary("stablehlo.multiply", exp, sum, t), t));
+  set(n, 0, as(binary("stablehlo.subtract", grad, binary("stablehlo.multiply", exp, sum, t), t), out));
 }
 
 void Emitter::softmax(const Node* n) {
-  const c10::ScalarType t = out_dtype(n);
+  const c10::ScalarType out = out_dtype(n), t = accumulation_type(out);
   const Operand x = as(in(n, 0), t);
   const Dims dims = {wrap_dim(int_arg(n, 1, "dim"), x.dims.size())};
   if (x.dims.empty()) {
-    set(n, 0, splat(1, {}, t));
+    set(n, 0, splat(1, {}, out));
     return;
   }
   const Operand max = keep_dims(reduce(x, dims, "stablehlo.maximum", -std::numeric_limits<double>::infinity()),
                                 x.dims, dims);
   const Operand exp = op("stablehlo.exponential", {binary("stablehlo.subtract", x, max, t)}, x.dims, t);
   const Operand sum = keep_dims(reduce(exp, dims, "stablehlo.add", 0), x.dims, dims);
-  set(n, 0, binary("stablehlo.divide", exp, sum, t));
+  set(n, 0, as(binary("stablehlo.divide", exp, sum, t), out));
 }
 
 // output * (grad - sum(grad * output, dim))
 void Emitter::softmax_backward(const Node* n) {
-  const c10::ScalarType t = out_dtype(n);
+  const c10::ScalarType out = out_dtype(n), t = accumulation_type(out);
   const Operand grad = as(in(n, 0), t), output = as(in(n, 1), t);
   const Dims dims = {wrap_dim(int_arg(n, 2, "dim"), grad.dims.size())};
   if (grad.dims.empty()) {
-    set(n, 0, splat(0, {}, t));
+    set(n, 0, splat(0, {}, out));
     return;
   }
   const Operand prod = binary("stablehlo.multiply", grad, output, t);
   const Operand sum = keep_dims(reduce(prod, dims, "stablehlo.add", 0), grad.dims, dims);
-  set(n, 0, binary("stablehlo.multiply", output, binary("stablehlo.subtract", grad, sum, t), t));
+  set(n, 0, as(binary("stablehlo.multiply", output, binary("stablehlo.subtract", grad, sum, t), t), out));
 }
 
 bool Emitter::tanh_approximation(const Node* n, size_t i) {
@@ -748,7 +762,8 @@ void Emitter::embedding_dense_backward(const Node* n) {
 // normalized dims; grad_weight = sum(grad_out * x_hat), grad_bias = sum(grad_out) over the others.
 // An output the mask (or a missing weight or bias) leaves undefined must be unused.
 void Emitter::native_layer_norm_backward(const Node* n) {
-  const c10::ScalarType t = out_dtype(n, 0);
+  // In float32 for 16-bit floats, as native_layer_norm.
+  const c10::ScalarType t = accumulation_type(out_dtype(n, 0));
   const Operand grad = as(in(n, 0), t), x = as(in(n, 1), t);
   const size_t k = ints_arg(n, 2, "normalized_shape").size();
   const std::vector<bool> mask = constant(n, 7, "output_mask").toBoolList().vec();
@@ -778,7 +793,7 @@ void Emitter::native_layer_norm_backward(const Node* n) {
     };
     const Operand centered = binary("stablehlo.subtract", g, inner_mean(g), t);
     const Operand correction = mul(x_hat, inner_mean(mul(g, x_hat)));
-    set(n, 0, mul(rstd, binary("stablehlo.subtract", centered, correction, t)));
+    set(n, 0, as(mul(rstd, binary("stablehlo.subtract", centered, correction, t)), out_dtype(n, 0)));
   }
   if (mask[1] && has_weight) set(n, 1, as(reduce(mul(grad, x_hat), outer, "stablehlo.add", 0), out_dtype(n, 1)));
   if (mask[2] && has_bias) set(n, 2, as(reduce(grad, outer, "stablehlo.add", 0), out_dtype(n, 2)));
@@ -842,8 +857,10 @@ void Emitter::select_copy(const Node* n) {
 // evaluation the running statistics normalize and save_mean, save_invstd are empty. An updated
 // running statistic takes the place of its value for the rest of the graph (the TorchScript
 // graph writes into the tensor), and a graph input so updated is returned as an extra result.
+// 16-bit floats are computed in float32 (statistics, normalization, running updates) and each
+// result rounded once, as libtorch's kernel does.
 void Emitter::native_batch_norm(const Node* n) {
-  const c10::ScalarType t = out_dtype(n, 0);
+  const c10::ScalarType out_t = out_dtype(n, 0), t = accumulation_type(out_t);
   const Operand x = as(in(n, 0), t);
   if (x.dims.size() < 2) throw Unsupported{"input of " + std::to_string(x.dims.size()) + " dimensions"};
   const bool training = bool_arg(n, 5, "training");
@@ -856,14 +873,17 @@ void Emitter::native_batch_norm(const Node* n) {
     others.push_back(static_cast<int64_t>(d));
     count *= x.dims[d];
   }
-  Operand out;
+  // The statistics that normalize: libtorch's kernel saves them in save_mean's dtype and
+  // normalizes with the saved values.
+  Operand norm_mean, norm_invstd;
   if (training) {
     const Operand mean = binary("stablehlo.divide", reduce(x, others, "stablehlo.add", 0), number(count), t);
     const Operand centered = binary("stablehlo.subtract", x, along_channels(mean, x.dims), t);
     const Operand var = binary("stablehlo.divide", reduce(mul(centered, centered), others, "stablehlo.add", 0),
                                number(count), t);
     const Operand invstd = unary("stablehlo.rsqrt", add(var, as(in(n, 7), t)));
-    out = mul(centered, along_channels(invstd, x.dims));
+    norm_mean = rounded_as(mean, out_dtype(n, 1));
+    norm_invstd = rounded_as(invstd, out_dtype(n, 2));
     set(n, 1, reshape(as(mean, out_dtype(n, 1)), out_dims(n, 1)));
     set(n, 2, reshape(as(invstd, out_dtype(n, 2)), out_dims(n, 2)));
     if (has_running) {
@@ -874,9 +894,10 @@ void Emitter::native_batch_norm(const Node* n) {
       const Operand keep = binary("stablehlo.subtract", number(1.0), momentum, c10::kDouble);
       for (const auto& [i, batch] : {std::pair<size_t, Operand>{3, mean}, std::pair<size_t, Operand>{4, unbiased}}) {
         const Operand& running = in(n, i);
-        const c10::ScalarType rt = running.dtype;
-        Operand updated = binary("stablehlo.add", binary("stablehlo.multiply", running, keep, rt),
-                                 binary("stablehlo.multiply", as(batch, rt), momentum, rt), rt);
+        const c10::ScalarType rt = accumulation_type(running.dtype);
+        Operand updated = as(binary("stablehlo.add", binary("stablehlo.multiply", as(running, rt), keep, rt),
+                                    binary("stablehlo.multiply", as(batch, rt), momentum, rt), rt),
+                             running.dtype);
         const Value* v = n->input(i);
         if (v->node() == graph_.param_node()) {
           if (std::find(updated_inputs_.begin(), updated_inputs_.end(), v->offset()) == updated_inputs_.end())
@@ -886,15 +907,17 @@ void Emitter::native_batch_norm(const Node* n) {
       }
     }
   } else {
-    const Operand invstd = unary("stablehlo.rsqrt", add(as(in(n, 4), t), as(in(n, 7), t)));
-    out = mul(binary("stablehlo.subtract", x, along_channels(as(in(n, 3), t), x.dims), t),
-              along_channels(invstd, x.dims));
+    norm_mean = as(in(n, 3), t);
+    norm_invstd = unary("stablehlo.rsqrt", add(as(in(n, 4), t), as(in(n, 7), t)));
     set(n, 1, splat(0, out_dims(n, 1), out_dtype(n, 1)));
     set(n, 2, splat(0, out_dims(n, 2), out_dtype(n, 2)));
   }
-  if (!none_arg(n, 1)) out = mul(out, along_channels(as(in(n, 1), t), x.dims));
-  if (!none_arg(n, 2)) out = add(out, along_channels(as(in(n, 2), t), x.dims));
-  set(n, 0, out);
+  // x * alpha + beta per channel, alpha = invstd * weight, beta = bias - mean * alpha: libtorch's
+  // formula (batch_norm_cpu_transform_input).
+  const Operand alpha = none_arg(n, 1) ? norm_invstd : mul(norm_invstd, as(in(n, 1), t));
+  Operand beta = op("stablehlo.negate", {mul(norm_mean, alpha)}, alpha.dims, t);
+  if (!none_arg(n, 2)) beta = add(beta, as(in(n, 2), t));
+  set(n, 0, as(add(mul(x, along_channels(alpha, x.dims)), along_channels(beta, x.dims)), out_t));
 }
 
 // (grad_out, input, weight?, running_mean?, running_var?, save_mean?, save_invstd?, train, eps,
@@ -911,7 +934,7 @@ void Emitter::native_batch_norm_backward(const Node* n) {
     const bool defined = mask[i] && (i != 1 || has_weight);
     if (!defined && used(n->output(i))) throw Unsupported{"a use of undefined output " + std::to_string(i)};
   }
-  const c10::ScalarType t = in(n, 1).dtype;
+  const c10::ScalarType t = accumulation_type(in(n, 1).dtype);  // float32 for 16-bit floats, as the forward
   const Operand grad = as(in(n, 0), t), x = as(in(n, 1), t);
   if (x.dims.size() < 2) throw Unsupported{"input of " + std::to_string(x.dims.size()) + " dimensions"};
   Dims others;
@@ -1133,7 +1156,9 @@ void Emitter::convolution_backward(const Node* n) {
   if (mask[2]) {
     Dims dims = {0};
     for (int64_t d : spatial_dims) dims.push_back(d);
-    set(n, 2, reshape(reduce(grad, dims, "stablehlo.add", 0), out_dims(n, 2)));
+    // Summed in float32 for 16-bit floats, as at::sum.
+    const Operand sum = reduce(as(grad, accumulation_type(t)), dims, "stablehlo.add", 0);
+    set(n, 2, reshape(as(sum, out_dtype(n, 2)), out_dims(n, 2)));
   }
 }
 
@@ -1384,8 +1409,10 @@ std::pair<Operand, Operand> Emitter::nll_mask_and_weights(const Node* n, const O
 }
 
 // (self [N, C] or [C], target [N] or [], weight, reduction, ignore_index) -> (output, total_weight)
+// The losses, their sum and the total weight in float32 for 16-bit floats, each result rounded
+// once, as libtorch sums them in float32 (4096 ones summed in bfloat16 stop at 256).
 void Emitter::nll_loss_forward(const Node* n) {
-  const c10::ScalarType t = out_dtype(n, 0);
+  const c10::ScalarType out = out_dtype(n, 0), t = accumulation_type(out);
   const Operand& self_in = in(n, 0);
   if (self_in.dims.size() != 1 && self_in.dims.size() != 2)
     throw Unsupported{"input of " + std::to_string(self_in.dims.size()) + " dimensions"};
@@ -1398,12 +1425,12 @@ void Emitter::nll_loss_forward(const Node* n) {
   const Operand losses = op("stablehlo.negate", {binary("stablehlo.multiply", picked, weights, t)}, {rows}, t);
   const Operand total_weight = reduce(weights, {0}, "stablehlo.add", 0);
   if (reduction == 0) {  // none
-    set(n, 0, reshape(losses, out_dims(n, 0)));
+    set(n, 0, reshape(as(losses, out), out_dims(n, 0)));
     set(n, 1, splat(0, {}, out_dtype(n, 1)));
   } else if (reduction == 1 || reduction == 2) {  // mean, sum
     Operand loss = reduce(losses, {0}, "stablehlo.add", 0);
     if (reduction == 1) loss = binary("stablehlo.divide", loss, total_weight, t);
-    set(n, 0, loss);
+    set(n, 0, as(loss, out));
     set(n, 1, as(total_weight, out_dtype(n, 1)));
   } else {
     throw Unsupported{"reduction " + std::to_string(reduction)};
