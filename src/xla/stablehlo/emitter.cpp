@@ -1,17 +1,18 @@
-// The StableHLO emitter; see emitter.h. Long because it holds one lowering rule per aten op
-// (registered in lowerings()) beside the helpers they share; splitting it by op family is planned.
+// The StableHLO emitter; see emitter.h. The driver (Emitter::run) walks the graph and calls each
+// live node's lowering rule: the rule table of the op families in rules/ (lowering.h), then the
+// rules still written here as members of Emitter (lowerings()), which move to family files one
+// family at a time.
 
 #include "xla/stablehlo/emitter.h"
 
 #include "xla/host_kernels.h"
+#include "xla/stablehlo/lowering.h"
 
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
 
 #include <algorithm>
-#include <cinttypes>
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -23,189 +24,16 @@
 namespace fulgur::xla::stablehlo {
 namespace {
 
-using torch::jit::Node;
-using torch::jit::Value;
-using Dims = std::vector<int64_t>;
-
-// Thrown by a lowering for an argument it does not handle; the emitter records it.
-struct Unsupported {
-  std::string what;
-};
-
-// How an operand takes part in type promotion (torch.result_type): dimensioned tensors first,
-// then 0-d tensors, then numbers ("wrapped numbers").
-enum class Tier { dimensioned, zero_dim, number };
-
-// The dtype a reduction of `t` accumulates in: float32 for the 16-bit floats, as libtorch's CPU
-// kernels do; `t` itself otherwise.
-c10::ScalarType accumulation_type(c10::ScalarType t) {
-  return t == c10::kBFloat16 || t == c10::kHalf ? c10::kFloat : t;
-}
-
-struct Operand {
-  std::string ssa;  // empty for a constant not yet written
-  Dims dims;
-  c10::ScalarType dtype;
-  Tier tier;
-  std::optional<c10::Scalar> constant;  // the value of a prim::Constant number
-};
-
-std::string mlir_element_type(c10::ScalarType t) {
-  switch (t) {
-    case c10::kFloat: return "f32";
-    case c10::kDouble: return "f64";
-    case c10::kHalf: return "f16";
-    case c10::kBFloat16: return "bf16";
-    case c10::kLong: return "i64";
-    case c10::kInt: return "i32";
-    case c10::kShort: return "i16";
-    case c10::kChar: return "i8";
-    case c10::kByte: return "ui8";
-    case c10::kBool: return "i1";
-    default: throw Unsupported{std::string("dtype ") + c10::toString(t)};
-  }
-}
-
-std::string mlir_type(const Dims& dims, c10::ScalarType t) {
-  std::string s = "tensor<";
-  for (int64_t d : dims) s += std::to_string(d) + "x";
-  return s + mlir_element_type(t) + ">";
-}
-
-std::string ints(const Dims& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s;
-}
-
-std::string i64_array(const Dims& v) { return v.empty() ? "array<i64>" : "array<i64: " + ints(v) + ">"; }
-
-// An MLIR literal for `value` converted to `t` as libtorch converts a scalar (a C++ cast);
-// floating values in hexadecimal (their exact bits, and the only spelling of inf and nan).
-std::string literal(const c10::Scalar& value, c10::ScalarType t) {
-  char buf[40];
-  switch (t) {
-    case c10::kFloat: {
-      const float f = value.to<float>();
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      std::snprintf(buf, sizeof buf, "0x%08" PRIX32, bits);
-      return buf;
-    }
-    case c10::kDouble: {
-      const double d = value.to<double>();
-      uint64_t bits;
-      std::memcpy(&bits, &d, 8);
-      std::snprintf(buf, sizeof buf, "0x%016" PRIX64, bits);
-      return buf;
-    }
-    case c10::kHalf:
-      std::snprintf(buf, sizeof buf, "0x%04X", static_cast<unsigned>(value.to<c10::Half>().x));
-      return buf;
-    case c10::kBFloat16:
-      std::snprintf(buf, sizeof buf, "0x%04X", static_cast<unsigned>(value.to<c10::BFloat16>().x));
-      return buf;
-    case c10::kBool: return value.to<bool>() ? "true" : "false";
-    case c10::kByte: return std::to_string(value.to<uint8_t>());
-    default: return std::to_string(value.to<int64_t>());
-  }
-}
-
-bool is_floating(c10::ScalarType t) { return c10::isFloatingType(t); }
-
-// c10's combine_categories (ATen/native/TypeProperties.cpp): a lower tier changes the result
-// only when it is of a higher category.
-c10::ScalarType combine_categories(c10::ScalarType higher, c10::ScalarType lower) {
-  if (higher == c10::ScalarType::Undefined) return lower;
-  if (lower == c10::ScalarType::Undefined) return higher;
-  if (is_floating(higher)) return higher;
-  if (higher == c10::kBool || is_floating(lower)) return c10::promoteTypes(higher, lower);
-  return higher;
-}
-
-c10::ScalarType result_type(const std::vector<const Operand*>& operands) {
-  c10::ScalarType tier[3] = {c10::ScalarType::Undefined, c10::ScalarType::Undefined, c10::ScalarType::Undefined};
-  for (const Operand* o : operands) {
-    c10::ScalarType t = o->dtype;
-    // A number counts as the default dtype if it is floating (libtorch's wrapped numbers).
-    if (o->tier == Tier::number && is_floating(t)) t = c10::kFloat;
-    c10::ScalarType& slot = tier[static_cast<int>(o->tier)];
-    slot = slot == c10::ScalarType::Undefined ? t : c10::promoteTypes(slot, t);
-  }
-  return combine_categories(combine_categories(tier[0], tier[1]), tier[2]);
-}
-
-// A number operand (written as a constant of whatever dtype it meets).
-Operand number(const c10::Scalar& value) {
-  return {"", {}, value.isFloatingPoint() ? c10::kDouble : c10::kLong, Tier::number, value};
-}
-
-Dims broadcast_dims(const Dims& a, const Dims& b) {
-  Dims out(std::max(a.size(), b.size()), 1);
-  for (size_t i = 0; i < out.size(); ++i) {
-    const int64_t da = i < out.size() - a.size() ? 1 : a[i - (out.size() - a.size())];
-    const int64_t db = i < out.size() - b.size() ? 1 : b[i - (out.size() - b.size())];
-    if (da != db && da != 1 && db != 1) throw std::invalid_argument("shapes do not broadcast");
-    out[i] = da == 1 ? db : da;
-  }
-  return out;
-}
-
-int64_t wrap_dim(int64_t dim, size_t rank) {
-  const int64_t r = std::max<int64_t>(static_cast<int64_t>(rank), 1);
-  if (dim < -r || dim >= r) throw std::invalid_argument("dimension " + std::to_string(dim) + " out of range");
-  return dim < 0 ? dim + r : dim;
-}
-
-class Emitter {
+class Emitter : public LoweringContext {
  public:
   Emitter(const torch::jit::Graph& graph, const EmitOptions& options, const std::vector<Alias>& aliases)
-      : graph_(graph), options_(options), aliases_(aliases) {}
+      : LoweringContext(graph, options), aliases_(aliases) {}
 
   Emission run();
 
  private:
   using Lowering = std::function<void(Emitter&, const Node*)>;
   static const std::unordered_map<std::string, Lowering>& lowerings();
-
-  // --- writing ops ---
-  std::string fresh() { return "%v" + std::to_string(next_++); }
-  Operand op(const std::string& name, const std::vector<Operand>& args, const Dims& dims, c10::ScalarType t,
-             const std::string& attrs = "", const std::string& region = "");
-  // An op of several results, `%vK#i`.
-  std::vector<Operand> op_n(const std::string& name, const std::vector<Operand>& args,
-                            const std::vector<std::pair<Dims, c10::ScalarType>>& results, const std::string& attrs,
-                            const std::string& region);
-  Operand splat(const c10::Scalar& value, const Dims& dims, c10::ScalarType t);
-  Operand as(const Operand& x, c10::ScalarType t);
-  Operand broadcast_to(const Operand& x, const Dims& dims);
-  // `x` with an SSA value (a constant written out in its own dtype).
-  Operand materialized(const Operand& x) { return x.ssa.empty() ? as(x, x.dtype) : x; }
-  Operand reshape(const Operand& x, const Dims& dims);
-  Operand binary(const std::string& name, const Operand& a, const Operand& b, c10::ScalarType t);
-  Operand compare(const std::string& direction, const Operand& a, const Operand& b, c10::ScalarType t);
-  Operand select(const Operand& pred, const Operand& on_true, const Operand& on_false);
-  Operand reduce(const Operand& x, const Dims& dims, const std::string& body_op, const c10::Scalar& init);
-  // A region of one block combining two 0-d values of `t` with `body_op` (reduce, scatter).
-  std::string combiner(const std::string& body_op, c10::ScalarType t);
-  Operand keep_dims(const Operand& reduced, const Dims& full, const Dims& dims);
-  Operand dot(const Operand& a, const Operand& b, const Dims& batch, int64_t lhs_contract, int64_t rhs_contract,
-              c10::ScalarType t);
-  // x * s, skipped if s is the constant 1.
-  Operand scaled(const Operand& x, const Operand& s);
-
-  // --- reading nodes ---
-  const Operand& in(const Node* n, size_t i) const;
-  void set(const Node* n, size_t i, Operand x);
-  static c10::ScalarType out_dtype(const Node* n, size_t i = 0);
-  static Dims out_dims(const Node* n, size_t i = 0);
-  static c10::IValue constant(const Node* n, size_t i, const char* what);
-  static int64_t int_arg(const Node* n, size_t i, const char* what) { return constant(n, i, what).toInt(); }
-  static bool bool_arg(const Node* n, size_t i, const char* what) { return constant(n, i, what).toBool(); }
-  static bool none_arg(const Node* n, size_t i) { return n->input(i)->type()->kind() == c10::TypeKind::NoneType; }
-  static Dims ints_arg(const Node* n, size_t i, const char* what) { return constant(n, i, what).toIntVector(); }
-  // The dims a reduction's dim argument names (all of them for None or []), wrapped and sorted.
-  static Dims reduced_dims(const Node* n, size_t i, size_t rank);
 
   Operand operand_of_input(const Value* v);
 
@@ -267,25 +95,12 @@ class Emitter {
   }
   // The `approximate` argument of gelu and gelu_backward: false for "none", true for "tanh".
   static bool tanh_approximation(const Node* n, size_t i);
-  Operand mul(const Operand& a, const Operand& b) { return binary("stablehlo.multiply", a, b, a.dtype); }
-  // `x` (of a wider float type) with the precision of `t` where `t` is a 16-bit float, keeping
-  // x's type: the value libtorch reads back after storing it as `t`. A stablehlo.reduce_precision,
-  // which XLA keeps, where it may drop a convert to `t` and back (excess precision).
-  Operand rounded_as(const Operand& x, c10::ScalarType t);
-  Operand add(const Operand& a, const Operand& b) { return binary("stablehlo.add", a, b, a.dtype); }
-  Operand unary(const std::string& name, const Operand& x) { return op(name, {x}, x.dims, x.dtype); }
   void nll_loss_forward(const Node* n);
   void nll_loss_backward(const Node* n);
   // The [N, C] one-hot mask of `target` (ignored rows all false) and each row's weight.
   std::pair<Operand, Operand> nll_mask_and_weights(const Node* n, const Operand& self2d, const Operand& target1d,
                                                    size_t weight_input, int64_t ignore_index);
 
-  // Whether a live node (or the graph's return) uses `v`.
-  bool used(const Value* v) const {
-    return std::any_of(v->uses().begin(), v->uses().end(), [&](const torch::jit::Use& u) {
-      return u.user == graph_.return_node() || live_.count(u.user) > 0;
-    });
-  }
 
   // A stablehlo.custom_call of host kernel `target` (xla/host_kernels.h) with the window of a
   // convolution node as its attributes, plus `extra` ("name = value, ").
@@ -296,208 +111,8 @@ class Emitter {
     return options_.host_convolutions && (t == c10::kFloat || t == c10::kDouble);
   }
 
-  const torch::jit::Graph& graph_;
-  const EmitOptions options_;
   const std::vector<Alias> aliases_;  // asked for by the caller
-  std::unordered_set<const Node*> live_;  // the nodes the graph's outputs depend on
-  std::ostringstream body_;
-  int next_ = 0;
-  std::unordered_map<const Value*, Operand> values_;
-  // The elements of each live prim::ListConstruct of tensors.
-  std::unordered_map<const Value*, std::vector<Operand>> lists_;
-  // Graph inputs an op updated in place (their value in values_ is the updated one).
-  std::vector<size_t> updated_inputs_;
 };
-
-Operand Emitter::op(const std::string& name, const std::vector<Operand>& args, const Dims& dims, c10::ScalarType t,
-                    const std::string& attrs, const std::string& region) {
-  Operand out{fresh(), dims, t, dims.empty() ? Tier::zero_dim : Tier::dimensioned, std::nullopt};
-  body_ << "    " << out.ssa << " = \"" << name << "\"(";
-  for (size_t i = 0; i < args.size(); ++i) body_ << (i ? ", " : "") << args[i].ssa;
-  body_ << ")";
-  if (!region.empty()) body_ << " (" << region << ")";
-  if (!attrs.empty()) body_ << " {" << attrs << "}";
-  body_ << " : (";
-  for (size_t i = 0; i < args.size(); ++i) body_ << (i ? ", " : "") << mlir_type(args[i].dims, args[i].dtype);
-  body_ << ") -> " << mlir_type(dims, t) << "\n";
-  return out;
-}
-
-std::vector<Operand> Emitter::op_n(const std::string& name, const std::vector<Operand>& args,
-                                   const std::vector<std::pair<Dims, c10::ScalarType>>& results,
-                                   const std::string& attrs, const std::string& region) {
-  const std::string base = fresh();
-  body_ << "    " << base << ":" << results.size() << " = \"" << name << "\"(";
-  for (size_t i = 0; i < args.size(); ++i) body_ << (i ? ", " : "") << args[i].ssa;
-  body_ << ")";
-  if (!region.empty()) body_ << " (" << region << ")";
-  body_ << " {" << attrs << "} : (";
-  for (size_t i = 0; i < args.size(); ++i) body_ << (i ? ", " : "") << mlir_type(args[i].dims, args[i].dtype);
-  body_ << ") -> (";
-  std::vector<Operand> outs;
-  for (size_t i = 0; i < results.size(); ++i) {
-    body_ << (i ? ", " : "") << mlir_type(results[i].first, results[i].second);
-    outs.push_back({base + "#" + std::to_string(i), results[i].first, results[i].second, Tier::dimensioned, std::nullopt});
-  }
-  body_ << ")\n";
-  return outs;
-}
-
-Operand Emitter::splat(const c10::Scalar& value, const Dims& dims, c10::ScalarType t) {
-  return op("stablehlo.constant", {}, dims, t, "value = dense<" + literal(value, t) + "> : " + mlir_type(dims, t));
-}
-
-Operand Emitter::as(const Operand& x, c10::ScalarType t) {
-  if (x.constant) {
-    Operand c = splat(*x.constant, {}, t);
-    c.tier = x.tier;
-    return c;
-  }
-  if (x.dtype == t) return x;
-  Operand c = op("stablehlo.convert", {x}, x.dims, t);
-  c.tier = x.tier;
-  return c;
-}
-
-Operand Emitter::broadcast_to(const Operand& x, const Dims& dims) {
-  Operand v = materialized(x);
-  if (v.dims == dims) return v;
-  if (v.dims.size() > dims.size()) throw std::invalid_argument("cannot broadcast to fewer dimensions");
-  Dims map;
-  for (size_t i = 0; i < v.dims.size(); ++i) map.push_back(static_cast<int64_t>(dims.size() - v.dims.size() + i));
-  return op("stablehlo.broadcast_in_dim", {v}, dims, v.dtype, "broadcast_dimensions = " + i64_array(map));
-}
-
-Operand Emitter::reshape(const Operand& x, const Dims& dims) {
-  if (x.dims == dims) return x;
-  return op("stablehlo.reshape", {x}, dims, x.dtype);
-}
-
-Operand Emitter::binary(const std::string& name, const Operand& a, const Operand& b, c10::ScalarType t) {
-  const Dims dims = broadcast_dims(a.dims, b.dims);
-  return op(name, {broadcast_to(as(a, t), dims), broadcast_to(as(b, t), dims)}, dims, t);
-}
-
-Operand Emitter::compare(const std::string& direction, const Operand& a, const Operand& b, c10::ScalarType t) {
-  const Dims dims = broadcast_dims(a.dims, b.dims);
-  return op("stablehlo.compare", {broadcast_to(as(a, t), dims), broadcast_to(as(b, t), dims)}, dims, c10::kBool,
-            "comparison_direction = #stablehlo<comparison_direction " + direction + ">");
-}
-
-Operand Emitter::select(const Operand& pred, const Operand& on_true, const Operand& on_false) {
-  const Dims dims = broadcast_dims(broadcast_dims(pred.dims, on_true.dims), on_false.dims);
-  // A 0-d predicate chooses whole operands; any other is broadcast like the operands.
-  const Operand p = pred.dims.empty() ? pred : broadcast_to(pred, dims);
-  return op("stablehlo.select", {p, broadcast_to(on_true, dims), broadcast_to(on_false, dims)}, dims, on_true.dtype);
-}
-
-Operand Emitter::reduce(const Operand& x, const Dims& dims, const std::string& body_op, const c10::Scalar& init) {
-  Dims out;
-  for (size_t i = 0; i < x.dims.size(); ++i)
-    if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(i)) == dims.end()) out.push_back(x.dims[i]);
-  const Operand init_value = splat(init, {}, x.dtype);
-  return op("stablehlo.reduce", {x, init_value}, out, x.dtype, "dimensions = " + i64_array(dims),
-            combiner(body_op, x.dtype));
-}
-
-std::string Emitter::combiner(const std::string& body_op, c10::ScalarType t) {
-  const std::string s = mlir_type({}, t);
-  const std::string a = fresh(), b = fresh(), r = fresh();
-  return "{\n    ^bb0(" + a + ": " + s + ", " + b + ": " + s + "):\n      " + r + " = \"" + body_op + "\"(" + a + ", " + b +
-         ") : (" + s + ", " + s + ") -> " + s + "\n      \"stablehlo.return\"(" + r + ") : (" + s + ") -> ()\n    }";
-}
-
-Operand Emitter::keep_dims(const Operand& reduced, const Dims& full, const Dims& dims) {
-  Dims map;
-  for (size_t i = 0; i < full.size(); ++i)
-    if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(i)) == dims.end()) map.push_back(static_cast<int64_t>(i));
-  return op("stablehlo.broadcast_in_dim", {reduced}, full, reduced.dtype, "broadcast_dimensions = " + i64_array(map));
-}
-
-Operand Emitter::dot(const Operand& a, const Operand& b, const Dims& batch, int64_t lhs_contract, int64_t rhs_contract,
-                     c10::ScalarType t) {
-  Dims dims;
-  for (int64_t d : batch) dims.push_back(a.dims[d]);
-  for (size_t i = 0; i < a.dims.size(); ++i)
-    if (static_cast<int64_t>(i) != lhs_contract && std::find(batch.begin(), batch.end(), static_cast<int64_t>(i)) == batch.end())
-      dims.push_back(a.dims[i]);
-  for (size_t i = 0; i < b.dims.size(); ++i)
-    if (static_cast<int64_t>(i) != rhs_contract && std::find(batch.begin(), batch.end(), static_cast<int64_t>(i)) == batch.end())
-      dims.push_back(b.dims[i]);
-  std::string numbers = "dot_dimension_numbers = #stablehlo.dot<";
-  if (!batch.empty())
-    numbers += "lhs_batching_dimensions = [" + ints(batch) + "], rhs_batching_dimensions = [" + ints(batch) + "], ";
-  numbers += "lhs_contracting_dimensions = [" + std::to_string(lhs_contract) + "], rhs_contracting_dimensions = [" +
-             std::to_string(rhs_contract) + "]>";
-  return op("stablehlo.dot_general", {as(a, t), as(b, t)}, dims, t, numbers);
-}
-
-Operand Emitter::rounded_as(const Operand& x, c10::ScalarType t) {
-  if (x.dtype == t || (t != c10::kBFloat16 && t != c10::kHalf)) return x;
-  const bool bf16 = t == c10::kBFloat16;
-  return op("stablehlo.reduce_precision", {x}, x.dims, x.dtype,
-            std::string("exponent_bits = ") + (bf16 ? "8" : "5") + " : i32, mantissa_bits = " + (bf16 ? "7" : "10") +
-                " : i32");
-}
-
-Operand Emitter::scaled(const Operand& x, const Operand& s) {
-  if (s.constant && s.constant->equal(1)) return x;
-  return binary("stablehlo.multiply", x, s, x.dtype);
-}
-
-const Operand& Emitter::in(const Node* n, size_t i) const {
-  const auto it = values_.find(n->input(i));
-  if (it == values_.end())  // a tensor or list constant, or a node's output of another type
-    throw Unsupported{"operand " + std::to_string(i) + " of type " + n->input(i)->type()->repr_str()};
-  return it->second;
-}
-
-void Emitter::set(const Node* n, size_t i, Operand x) {
-  const Dims dims = out_dims(n, i);
-  const c10::ScalarType t = out_dtype(n, i);
-  if (x.dims != dims || x.dtype != t)
-    throw std::logic_error(std::string("lowering of ") + n->kind().toQualString() + " made " +
-                           mlir_type(x.dims, x.dtype) + " for %" + n->output(i)->debugName() + " declared " +
-                           mlir_type(dims, t));
-  values_[n->output(i)] = std::move(x);
-}
-
-c10::ScalarType Emitter::out_dtype(const Node* n, size_t i) {
-  const auto tensor = n->output(i)->type()->cast<c10::TensorType>();
-  if (!tensor || !tensor->scalarType())
-    throw std::invalid_argument("output %" + n->output(i)->debugName() + " of " + n->kind().toQualString() +
-                                " has no scalar type (type " + n->output(i)->type()->repr_str() +
-                                "): the emitter needs a typed graph");
-  return *tensor->scalarType();
-}
-
-Dims Emitter::out_dims(const Node* n, size_t i) {
-  const auto tensor = n->output(i)->type()->cast<c10::TensorType>();
-  const auto sizes = tensor ? tensor->sizes().concrete_sizes() : c10::nullopt;
-  if (!sizes)
-    throw std::invalid_argument("output %" + n->output(i)->debugName() + " of " + n->kind().toQualString() +
-                                " has no concrete sizes (type " + n->output(i)->type()->repr_str() +
-                                "): the emitter needs a typed graph");
-  return *sizes;
-}
-
-c10::IValue Emitter::constant(const Node* n, size_t i, const char* what) {
-  const auto value = torch::jit::toIValue(n->input(i));
-  if (!value) throw Unsupported{std::string("non-constant ") + what};
-  return *value;
-}
-
-Dims Emitter::reduced_dims(const Node* n, size_t i, size_t rank) {
-  Dims dims;
-  if (!none_arg(n, i)) dims = ints_arg(n, i, "dim");
-  if (dims.empty())
-    for (size_t d = 0; d < rank; ++d) dims.push_back(static_cast<int64_t>(d));
-  for (int64_t& d : dims) d = wrap_dim(d, rank);
-  std::sort(dims.begin(), dims.end());
-  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
-  if (rank == 0) dims.clear();
-  return dims;
-}
 
 Operand Emitter::operand_of_input(const Value* v) {
   const c10::TypePtr& type = v->type();
@@ -1517,9 +1132,6 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
       {"aten::addmm", [](Emitter& e, const Node* n) { e.addmm(n); }},
       {"aten::sum", [](Emitter& e, const Node* n) { e.sum_or_mean(n, false); }},
       {"aten::mean", [](Emitter& e, const Node* n) { e.sum_or_mean(n, true); }},
-      {"aten::eq", [](Emitter& e, const Node* n) {
-         e.set(n, 0, e.compare("EQ", e.in(n, 0), e.in(n, 1), result_type({&e.in(n, 0), &e.in(n, 1)})));
-       }},
       {"aten::threshold_backward",
        [](Emitter& e, const Node* n) {
          // self <= threshold ? 0 : grad
@@ -1576,7 +1188,8 @@ Emission Emitter::run() {
   };
   for (const Node* n : graph_.nodes()) {
     if (!live.count(n) || n->kind() == c10::prim::Constant) continue;
-    if (!lowerings().count(n->kind().toQualString())) record(n->kind().toQualString());
+    const char* kind = n->kind().toQualString();
+    if (!rules().find(kind) && !lowerings().count(kind)) record(kind);
   }
   if (!result.unsupported.empty()) return result;
 
@@ -1611,7 +1224,11 @@ Emission Emitter::run() {
       continue;
     }
     try {
-      lowerings().at(n->kind().toQualString())(*this, n);
+      if (const Rule rule = rules().find(n->kind().toQualString())) {
+        rule(*this, n);
+      } else {
+        lowerings().at(n->kind().toQualString())(*this, n);
+      }
     } catch (const Unsupported& u) {
       record(std::string(n->kind().toQualString()) + " (" + u.what + ")");
       for (const Value* v : n->outputs()) poisoned.insert(v);
@@ -1670,7 +1287,7 @@ Emission Emitter::run() {
   signature << ") -> (" << types << ") {\n";
 
   std::ostringstream module;
-  module << "module {\n" << signature.str() << body_.str() << "    \"func.return\"(";
+  module << "module {\n" << signature.str() << body() << "    \"func.return\"(";
   for (size_t i = 0; i < outputs.size(); ++i) module << (i ? ", " : "") << outputs[i].ssa;
   module << ") : (" << types << ") -> ()\n  }\n}\n";
   result.module = module.str();
