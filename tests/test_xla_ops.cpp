@@ -316,7 +316,42 @@ TEST(XlaOps, NormOfEveryOrderAndItsBackward) {
   check_op("2-norm of zeros", [](const auto& x) { return x[0].norm(2); }, {torch::zeros({3, 2})});
   Options forward_only;
   forward_only.backward = false;
-  check_op("2-norm with inf and nan", [](const auto& x) { return x[0].norm(2); }, {edges()}, forward_only);
+  for (double p : {2.0, kInf, -kInf, 0.0})
+    check_op("norm " + std::to_string(p) + " with inf and nan", [p](const auto& x) { return x[0].norm(p); }, {edges()},
+             forward_only);
+  check_op("inf-norm with inf, no nan", [](const auto& x) { return x[0].norm(kInf); }, {edges().slice(0, 0, 10)},
+           forward_only);
+}
+
+// max and min of a whole tensor (NaN if any is NaN), and max along a dim with its indices (the
+// first of ties, the first NaN: metrics take an argmax so, since libtorch's lazy core has no node
+// for argmax), in float32, bfloat16 and int64, keepdim both ways. min along a dim has no lazy
+// node either (aten::min.dim runs eagerly).
+TEST(XlaOps, MaxAndMinWithIndicesTiesAndNan) {
+  torch::manual_seed(13);
+  Options o;
+  o.backward = false;
+  // Ties: integers from a small range; a NaN and ±inf in some rows.
+  auto ties = torch::randint(4, {6, 7}).to(torch::kFloat);
+  ties[1][3] = kNan;
+  ties[1][5] = kNan;
+  ties[2][0] = kInf;
+  ties[3][6] = -kInf;
+  for (const auto& [name, x] : std::vector<std::pair<std::string, torch::Tensor>>{
+           {"float32", ties}, {"bf16", ties.to(torch::kBFloat16)}, {"int64", torch::randint(-3, 3, {6, 7}, torch::kLong)}}) {
+    for (int64_t dim : {0, 1, -1}) {
+      for (bool keep : {false, true}) {
+        const std::string label = name + " dim " + std::to_string(dim) + (keep ? " keepdim" : "");
+        check_op("max values " + label, [dim, keep](const auto& v) { return std::get<0>(v[0].max(dim, keep)); }, {x}, o);
+        check_op("max indices " + label, [dim, keep](const auto& v) { return std::get<1>(v[0].max(dim, keep)); }, {x}, o);
+      }
+    }
+    check_op("max of all " + name, [](const auto& v) { return v[0].max(); }, {x}, o);
+    check_op("min of all " + name, [](const auto& v) { return v[0].min(); }, {x}, o);
+    check_op("max of all but the NaN row " + name, [](const auto& v) { return v[0].slice(0, 2).max(); }, {x}, o);
+  }
+  check_op("argmax of logits, as a metric", [](const auto& v) { return std::get<1>(v[0].max(1)) == v[1]; },
+           {torch::randn({16, 10}), torch::randint(10, {16}, torch::kLong)}, o);
 }
 
 // binary_cross_entropy (mean, sum, none; with weights; inputs at 0 and 1, where libtorch clamps
@@ -485,6 +520,8 @@ TEST(XlaOps, EveryRuleOfTheTableHasAPerOpTest) {
       {"aten::log_sigmoid_forward", "BinaryCrossEntropyAndItsBackward"},
       {"aten::log_sigmoid_backward", "BinaryCrossEntropyAndItsBackward"},
       {"aten::norm", "NormOfEveryOrderAndItsBackward"},
+      {"aten::max", "MaxAndMinWithIndicesTiesAndNan"},
+      {"aten::min", "MaxAndMinWithIndicesTiesAndNan"},
       {"aten::IntImplicit", "SlicingAndItsBackward"},
       {"aten::slice_copy", "SlicingAndItsBackward"},
       {"aten::slice_scatter", "SlicingAndItsBackward"},

@@ -215,6 +215,32 @@ std::string Builder::combiner(const std::string& body_op, c10::ScalarType t) {
          ") : (" + s + ", " + s + ") -> " + s + "\n      \"stablehlo.return\"(" + r + ") : (" + s + ") -> ()\n    }";
 }
 
+std::string Builder::nan_combiner(const std::string& body_op, c10::ScalarType t) {
+  if (!is_floating(t)) return combiner(body_op, t);
+  const std::string s = mlir_type({}, t), p = mlir_type({}, c10::kBool);
+  const std::string a = fresh(), b = fresh(), r = fresh(), an = fresh(), bn = fresh(), r1 = fresh(), r2 = fresh();
+  auto is_nan = [&](const std::string& out, const std::string& v) {
+    return "      " + out + " = \"stablehlo.compare\"(" + v + ", " + v +
+           ") {comparison_direction = #stablehlo<comparison_direction NE>} : (" + s + ", " + s + ") -> " + p + "\n";
+  };
+  auto choose = [&](const std::string& out, const std::string& pred, const std::string& x, const std::string& y) {
+    return "      " + out + " = \"stablehlo.select\"(" + pred + ", " + x + ", " + y + ") : (" + p + ", " + s + ", " + s +
+           ") -> " + s + "\n";
+  };
+  return "{\n    ^bb0(" + a + ": " + s + ", " + b + ": " + s + "):\n      " + r + " = \"" + body_op + "\"(" + a + ", " +
+         b + ") : (" + s + ", " + s + ") -> " + s + "\n" + is_nan(an, a) + is_nan(bn, b) + choose(r1, bn, b, r) +
+         choose(r2, an, a, r1) + "      \"stablehlo.return\"(" + r2 + ") : (" + s + ") -> ()\n    }";
+}
+
+Operand Builder::reduce_nan(const Operand& x, const Dims& dims, const std::string& body_op, const c10::Scalar& init) {
+  Dims out;
+  for (size_t i = 0; i < x.dims.size(); ++i)
+    if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(i)) == dims.end()) out.push_back(x.dims[i]);
+  const Operand init_value = splat(init, {}, x.dtype);
+  return op("stablehlo.reduce", {materialized(x), init_value}, out, x.dtype, "dimensions = " + i64_array(dims),
+            nan_combiner(body_op, x.dtype));
+}
+
 Operand Builder::keep_dims(const Operand& reduced, const Dims& full, const Dims& dims) {
   Dims map;
   for (size_t i = 0; i < full.size(); ++i)

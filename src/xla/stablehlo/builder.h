@@ -91,6 +91,12 @@ class Builder {
   Operand reduce(const Operand& x, const Dims& dims, const std::string& body_op, const c10::Scalar& init);
   // A region of one block combining two 0-d values of `t` with `body_op` (reduce, scatter).
   std::string combiner(const std::string& body_op, c10::ScalarType t);
+  // combiner() for a floating `t` that returns NaN when either value is NaN, as libtorch's max
+  // and min reductions do (XLA:CPU's maximum returns its first operand when only the second is
+  // NaN); combiner() itself for other types.
+  std::string nan_combiner(const std::string& body_op, c10::ScalarType t);
+  // reduce() with nan_combiner().
+  Operand reduce_nan(const Operand& x, const Dims& dims, const std::string& body_op, const c10::Scalar& init);
   // `reduced` (the result of reducing `full` over `dims`) broadcast back to `full`.
   Operand keep_dims(const Operand& reduced, const Dims& full, const Dims& dims);
   Operand dot(const Operand& a, const Operand& b, const Dims& batch, int64_t lhs_contract, int64_t rhs_contract,
