@@ -41,8 +41,6 @@ class Emitter : public LoweringContext {
   void elementwise(const Node* n, const std::string& name);
   void add_or_sub(const Node* n, const std::string& name);
   void addcop(const Node* n, const std::string& name);
-  void addmm(const Node* n);
-  void matmul(const Node* n, bool batched);
   void sum_or_mean(const Node* n, bool mean);
   void log_softmax(const Node* n);
   void log_softmax_backward(const Node* n);
@@ -101,7 +99,6 @@ class Emitter : public LoweringContext {
   std::pair<Operand, Operand> nll_mask_and_weights(const Node* n, const Operand& self2d, const Operand& target1d,
                                                    size_t weight_input, int64_t ignore_index);
 
-
   // A stablehlo.custom_call of host kernel `target` (xla/host_kernels.h) with the window of a
   // convolution node as its attributes, plus `extra` ("name = value, ").
   std::vector<Operand> host_call(const char* target, const std::vector<Operand>& args,
@@ -151,29 +148,6 @@ void Emitter::addcop(const Node* n, const std::string& name) {
   const c10::ScalarType t = out_dtype(n);
   const Operand prod = binary(name, scaled(as(in(n, 1), t), in(n, 3)), in(n, 2), t);
   set(n, 0, binary("stablehlo.add", in(n, 0), prod, t));
-}
-
-// beta * self + alpha * (mat1 @ mat2); self is ignored when beta is 0 (no nan from it), as in
-// libtorch.
-void Emitter::addmm(const Node* n) {
-  const c10::ScalarType t = out_dtype(n);
-  const Operand prod = scaled(dot(in(n, 1), in(n, 2), {}, 1, 0, t), in(n, 4));
-  const Operand& beta = in(n, 3);
-  if (beta.constant && beta.constant->equal(0)) {
-    set(n, 0, prod);
-    return;
-  }
-  Operand self = scaled(broadcast_to(as(in(n, 0), t), prod.dims), beta);
-  if (!beta.constant) {
-    const Operand is_zero = compare("EQ", beta, Operand{"", {}, beta.dtype, Tier::number, c10::Scalar(0)}, beta.dtype);
-    self = select(is_zero, splat(0, prod.dims, t), self);
-  }
-  set(n, 0, binary("stablehlo.add", self, prod, t));
-}
-
-void Emitter::matmul(const Node* n, bool batched) {
-  const c10::ScalarType t = out_dtype(n);
-  set(n, 0, batched ? dot(in(n, 0), in(n, 1), {0}, 2, 1, t) : dot(in(n, 0), in(n, 1), {}, 1, 0, t));
 }
 
 // sum(self, dim, keepdim, dtype), sum(self, dtype), mean(...) alike: reduced in the output's
@@ -1127,9 +1101,6 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
          std::swap(dims[a], dims[b]);
          e.set(n, 0, e.op("stablehlo.transpose", {x}, dims, x.dtype, "permutation = " + i64_array(perm)));
        }},
-      {"aten::mm", [](Emitter& e, const Node* n) { e.matmul(n, false); }},
-      {"aten::bmm", [](Emitter& e, const Node* n) { e.matmul(n, true); }},
-      {"aten::addmm", [](Emitter& e, const Node* n) { e.addmm(n); }},
       {"aten::sum", [](Emitter& e, const Node* n) { e.sum_or_mean(n, false); }},
       {"aten::mean", [](Emitter& e, const Node* n) { e.sum_or_mean(n, true); }},
       {"aten::threshold_backward",

@@ -98,6 +98,7 @@ const RuleTable& rules() {
   static const RuleTable table = [] {
     RuleTable t;
     add_elementwise_rules(t);
+    add_linalg_rules(t);
     add_reduce_rules(t);
     add_shape_rules(t);
     add_index_rules(t);

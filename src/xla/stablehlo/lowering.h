@@ -90,6 +90,7 @@ class RuleTable {
 
 // The families' registrations, one file each under rules/.
 void add_elementwise_rules(RuleTable& table);
+void add_linalg_rules(RuleTable& table);
 void add_reduce_rules(RuleTable& table);
 void add_shape_rules(RuleTable& table);
 void add_index_rules(RuleTable& table);
