@@ -42,10 +42,6 @@ class Emitter : public LoweringContext {
   void add_or_sub(const Node* n, const std::string& name);
   void addcop(const Node* n, const std::string& name);
   void sum_or_mean(const Node* n, bool mean);
-  void log_softmax(const Node* n);
-  void log_softmax_backward(const Node* n);
-  void softmax(const Node* n);
-  void softmax_backward(const Node* n);
   void gelu(const Node* n);
   void gelu_backward(const Node* n);
   void native_layer_norm(const Node* n);
@@ -93,11 +89,6 @@ class Emitter : public LoweringContext {
   }
   // The `approximate` argument of gelu and gelu_backward: false for "none", true for "tanh".
   static bool tanh_approximation(const Node* n, size_t i);
-  void nll_loss_forward(const Node* n);
-  void nll_loss_backward(const Node* n);
-  // The [N, C] one-hot mask of `target` (ignored rows all false) and each row's weight.
-  std::pair<Operand, Operand> nll_mask_and_weights(const Node* n, const Operand& self2d, const Operand& target1d,
-                                                   size_t weight_input, int64_t ignore_index);
 
   // A stablehlo.custom_call of host kernel `target` (xla/host_kernels.h) with the window of a
   // convolution node as its attributes, plus `extra` ("name = value, ").
@@ -170,68 +161,6 @@ void Emitter::sum_or_mean(const Node* n, bool mean) {
   Operand r = reduce(x, dims, "stablehlo.add", 0);
   if (mean) r = binary("stablehlo.divide", r, Operand{"", {}, c10::kLong, Tier::number, c10::Scalar(count)}, t);
   set(n, 0, reshape(as(r, out), out_dims(n)));
-}
-
-// The softmax family computes in accumulation_type() and rounds its result once, as libtorch's
-// CPU kernels convert 16-bit floats to float32 for the whole row (the row sums above all).
-void Emitter::log_softmax(const Node* n) {
-  const c10::ScalarType out = out_dtype(n), t = accumulation_type(out);
-  const Operand x = as(in(n, 0), t);
-  const Dims dims = {wrap_dim(int_arg(n, 1, "dim"), x.dims.size())};
-  if (x.dims.empty()) {
-    set(n, 0, splat(0, {}, out));
-    return;
-  }
-  const Operand max = keep_dims(reduce(x, dims, "stablehlo.maximum", -std::numeric_limits<double>::infinity()),
-                                x.dims, dims);
-  const Operand shifted = binary("stablehlo.subtract", x, max, t);
-  const Operand exp = op("stablehlo.exponential", {shifted}, x.dims, t);
-  const Operand sum = reduce(exp, dims, "stablehlo.add", 0);
-  const Operand lse = keep_dims(op("stablehlo.log", {sum}, sum.dims, t), x.dims, dims);
-  set(n, 0, as(binary("stablehlo.subtract", shifted, lse, t), out));
-}
-
-// grad - exp(output) * sum(grad, dim)
-void Emitter::log_softmax_backward(const Node* n) {
-  const c10::ScalarType out = out_dtype(n), t = accumulation_type(out);
-  const Operand grad = as(in(n, 0), t), output = as(in(n, 1), t);
-  const Dims dims = {wrap_dim(int_arg(n, 2, "dim"), grad.dims.size())};
-  if (grad.dims.empty()) {
-    set(n, 0, as(grad, out));
-    return;
-  }
-  const Operand sum = keep_dims(reduce(grad, dims, "stablehlo.add", 0), grad.dims, dims);
-  const Operand exp = op("stablehlo.exponential", {output}, output.dims, t);
-  set(n, 0, as(binary("stablehlo.subtract", grad, binary("stablehlo.multiply", exp, sum, t), t), out));
-}
-
-void Emitter::softmax(const Node* n) {
-  const c10::ScalarType out = out_dtype(n), t = accumulation_type(out);
-  const Operand x = as(in(n, 0), t);
-  const Dims dims = {wrap_dim(int_arg(n, 1, "dim"), x.dims.size())};
-  if (x.dims.empty()) {
-    set(n, 0, splat(1, {}, out));
-    return;
-  }
-  const Operand max = keep_dims(reduce(x, dims, "stablehlo.maximum", -std::numeric_limits<double>::infinity()),
-                                x.dims, dims);
-  const Operand exp = op("stablehlo.exponential", {binary("stablehlo.subtract", x, max, t)}, x.dims, t);
-  const Operand sum = keep_dims(reduce(exp, dims, "stablehlo.add", 0), x.dims, dims);
-  set(n, 0, as(binary("stablehlo.divide", exp, sum, t), out));
-}
-
-// output * (grad - sum(grad * output, dim))
-void Emitter::softmax_backward(const Node* n) {
-  const c10::ScalarType out = out_dtype(n), t = accumulation_type(out);
-  const Operand grad = as(in(n, 0), t), output = as(in(n, 1), t);
-  const Dims dims = {wrap_dim(int_arg(n, 2, "dim"), grad.dims.size())};
-  if (grad.dims.empty()) {
-    set(n, 0, splat(0, {}, out));
-    return;
-  }
-  const Operand prod = binary("stablehlo.multiply", grad, output, t);
-  const Operand sum = keep_dims(reduce(prod, dims, "stablehlo.add", 0), grad.dims, dims);
-  set(n, 0, as(binary("stablehlo.multiply", output, binary("stablehlo.subtract", grad, sum, t), t), out));
 }
 
 bool Emitter::tanh_approximation(const Node* n, size_t i) {
@@ -972,85 +901,6 @@ std::optional<Operand> Emitter::threshold_before_pool_backward(const Node* n) {
   return tiled_pool_backward(backward, g);
 }
 
-std::pair<Operand, Operand> Emitter::nll_mask_and_weights(const Node* n, const Operand& self2d,
-                                                          const Operand& target1d, size_t weight_input,
-                                                          int64_t ignore_index) {
-  const c10::ScalarType t = self2d.dtype;
-  const Dims& nc = self2d.dims;
-  const Operand classes = op("stablehlo.iota", {}, nc, c10::kLong, "iota_dimension = 1 : i64");
-  const Operand target = as(target1d, c10::kLong);
-  const Operand kept = compare("NE", target, Operand{"", {}, c10::kLong, Tier::number, c10::Scalar(ignore_index)},
-                               c10::kLong);
-  const Operand hit = compare("EQ", classes, op("stablehlo.broadcast_in_dim", {target}, nc, c10::kLong,
-                                                "broadcast_dimensions = array<i64: 0>"),
-                              c10::kLong);
-  const Operand mask = op("stablehlo.and", {hit, op("stablehlo.broadcast_in_dim", {kept}, nc, c10::kBool,
-                                                       "broadcast_dimensions = array<i64: 0>")},
-                          nc, c10::kBool);
-  Operand weights;  // [N]
-  if (none_arg(n, weight_input)) {
-    weights = select(kept, splat(1, kept.dims, t), splat(0, kept.dims, t));
-  } else {
-    const Operand w = broadcast_to(as(in(n, weight_input), t), nc);
-    weights = reduce(select(mask, w, splat(0, nc, t)), {1}, "stablehlo.add", 0);
-  }
-  return {mask, weights};
-}
-
-// (self [N, C] or [C], target [N] or [], weight, reduction, ignore_index) -> (output, total_weight)
-// The losses, their sum and the total weight in float32 for 16-bit floats, each result rounded
-// once, as libtorch sums them in float32 (4096 ones summed in bfloat16 stop at 256).
-void Emitter::nll_loss_forward(const Node* n) {
-  const c10::ScalarType out = out_dtype(n, 0), t = accumulation_type(out);
-  const Operand& self_in = in(n, 0);
-  if (self_in.dims.size() != 1 && self_in.dims.size() != 2)
-    throw Unsupported{"input of " + std::to_string(self_in.dims.size()) + " dimensions"};
-  const int64_t reduction = int_arg(n, 3, "reduction"), ignore_index = int_arg(n, 4, "ignore_index");
-  const int64_t rows = self_in.dims.size() == 2 ? self_in.dims[0] : 1, c = self_in.dims.back();
-  const Operand self = reshape(as(self_in, t), {rows, c});
-  const Operand target = reshape(in(n, 1), {rows});
-  const auto [mask, weights] = nll_mask_and_weights(n, self, target, 2, ignore_index);
-  const Operand picked = reduce(select(mask, self, splat(0, {rows, c}, t)), {1}, "stablehlo.add", 0);
-  const Operand losses = op("stablehlo.negate", {binary("stablehlo.multiply", picked, weights, t)}, {rows}, t);
-  const Operand total_weight = reduce(weights, {0}, "stablehlo.add", 0);
-  if (reduction == 0) {  // none
-    set(n, 0, reshape(as(losses, out), out_dims(n, 0)));
-    set(n, 1, splat(0, {}, out_dtype(n, 1)));
-  } else if (reduction == 1 || reduction == 2) {  // mean, sum
-    Operand loss = reduce(losses, {0}, "stablehlo.add", 0);
-    if (reduction == 1) loss = binary("stablehlo.divide", loss, total_weight, t);
-    set(n, 0, as(loss, out));
-    set(n, 1, as(total_weight, out_dtype(n, 1)));
-  } else {
-    throw Unsupported{"reduction " + std::to_string(reduction)};
-  }
-}
-
-// (grad_output, self, target, weight, reduction, ignore_index, total_weight) -> grad_input:
-// -weight[target] * grad (divided by total_weight for mean) at each row's target, 0 elsewhere.
-void Emitter::nll_loss_backward(const Node* n) {
-  const c10::ScalarType t = out_dtype(n);
-  const Dims dims = out_dims(n);
-  if (dims.size() != 1 && dims.size() != 2) throw Unsupported{"input of " + std::to_string(dims.size()) + " dimensions"};
-  const int64_t reduction = int_arg(n, 4, "reduction"), ignore_index = int_arg(n, 5, "ignore_index");
-  const int64_t rows = dims.size() == 2 ? dims[0] : 1, c = dims.back();
-  const Dims nc = {rows, c};
-  const Operand target = reshape(in(n, 2), {rows});
-  const auto [mask, weights] = nll_mask_and_weights(n, Operand{"", nc, t, Tier::dimensioned, std::nullopt}, target, 3,
-                                                    ignore_index);
-  Operand grad = as(in(n, 0), t);
-  if (reduction == 0) {
-    grad = reshape(grad, {rows});
-  } else if (reduction == 1) {
-    grad = binary("stablehlo.divide", grad, in(n, 6), t);
-  } else if (reduction != 2) {
-    throw Unsupported{"reduction " + std::to_string(reduction)};
-  }
-  const Operand row = op("stablehlo.negate", {binary("stablehlo.multiply", weights, grad, t)}, {rows}, t);
-  const Operand spread = op("stablehlo.broadcast_in_dim", {row}, nc, t, "broadcast_dimensions = array<i64: 0>");
-  set(n, 0, reshape(select(mask, spread, splat(0, nc, t)), dims));
-}
-
 const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
   static const std::unordered_map<std::string, Lowering> table = {
       {"aten::add", [](Emitter& e, const Node* n) { e.add_or_sub(n, "stablehlo.add"); }},
@@ -1115,11 +965,6 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
          const Operand below = e.compare("LE", self, e.in(n, 2), self.dtype);
          e.set(n, 0, e.select(below, e.splat(0, {}, t), e.as(e.in(n, 0), t)));
        }},
-      {"aten::_log_softmax", [](Emitter& e, const Node* n) { e.log_softmax(n); }},
-      {"aten::_log_softmax_backward_data", [](Emitter& e, const Node* n) { e.log_softmax_backward(n); }},
-      {"aten::_softmax", [](Emitter& e, const Node* n) { e.softmax(n); }},
-      {"aten::_softmax_backward_data", [](Emitter& e, const Node* n) { e.softmax_backward(n); }},
-      {"aten::nll_loss_forward", [](Emitter& e, const Node* n) { e.nll_loss_forward(n); }},
       {"aten::gelu", [](Emitter& e, const Node* n) { e.gelu(n); }},
       {"aten::gelu_backward", [](Emitter& e, const Node* n) { e.gelu_backward(n); }},
       {"aten::native_layer_norm", [](Emitter& e, const Node* n) { e.native_layer_norm(n); }},
@@ -1131,7 +976,6 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
        [](Emitter& e, const Node* n) { e.max_pool2d_with_indices_backward(n); }},
       {"aten::embedding_dense_backward", [](Emitter& e, const Node* n) { e.embedding_dense_backward(n); }},
       {"aten::native_layer_norm_backward", [](Emitter& e, const Node* n) { e.native_layer_norm_backward(n); }},
-      {"aten::nll_loss_backward", [](Emitter& e, const Node* n) { e.nll_loss_backward(n); }},
       {"prim::ListConstruct", [](Emitter& e, const Node* n) { e.list_construct(n); }},
       {"aten::stack", [](Emitter& e, const Node* n) { e.concatenate(n, true); }},
       {"aten::cat", [](Emitter& e, const Node* n) { e.concatenate(n, false); }},

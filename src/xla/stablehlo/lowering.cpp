@@ -103,6 +103,7 @@ const RuleTable& rules() {
     add_shape_rules(t);
     add_index_rules(t);
     add_loss_rules(t);
+    add_softmax_loss_rules(t);
     add_pool_rules(t);
     return t;
   }();

@@ -95,6 +95,7 @@ void add_reduce_rules(RuleTable& table);
 void add_shape_rules(RuleTable& table);
 void add_index_rules(RuleTable& table);
 void add_loss_rules(RuleTable& table);
+void add_softmax_loss_rules(RuleTable& table);
 void add_pool_rules(RuleTable& table);
 
 // Every family's rules; built once, then only read (thread-safe).
