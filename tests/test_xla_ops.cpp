@@ -521,6 +521,8 @@ TEST(XlaOps, EveryRuleOfTheTableHasAPerOpTest) {
       {"aten::log_sigmoid_backward", "XlaOps.BinaryCrossEntropyAndItsBackward"},
       {"aten::norm", "XlaOps.NormOfEveryOrderAndItsBackward"},
       {"aten::mm", "StableHlo.MatmulsWithAlphaAndBeta"},
+      {"aten::sum", "StableHlo.ReductionsComparisonsReluAndThresholdBackward"},
+      {"aten::mean", "StableHlo.ReductionsComparisonsReluAndThresholdBackward"},
       {"aten::_log_softmax", "StableHlo.LogSoftmaxNllLossAndTheirBackwardsWithIgnoredTargets"},
       {"aten::_log_softmax_backward_data", "StableHlo.LogSoftmaxNllLossAndTheirBackwardsWithIgnoredTargets"},
       {"aten::nll_loss_forward", "StableHlo.LogSoftmaxNllLossAndTheirBackwardsWithIgnoredTargets"},

@@ -41,7 +41,6 @@ class Emitter : public LoweringContext {
   void elementwise(const Node* n, const std::string& name);
   void add_or_sub(const Node* n, const std::string& name);
   void addcop(const Node* n, const std::string& name);
-  void sum_or_mean(const Node* n, bool mean);
   void gelu(const Node* n);
   void gelu_backward(const Node* n);
   void native_layer_norm(const Node* n);
@@ -139,28 +138,6 @@ void Emitter::addcop(const Node* n, const std::string& name) {
   const c10::ScalarType t = out_dtype(n);
   const Operand prod = binary(name, scaled(as(in(n, 1), t), in(n, 3)), in(n, 2), t);
   set(n, 0, binary("stablehlo.add", in(n, 0), prod, t));
-}
-
-// sum(self, dim, keepdim, dtype), sum(self, dtype), mean(...) alike: reduced in the output's
-// dtype; mean divides the sum by the number of elements reduced.
-void Emitter::sum_or_mean(const Node* n, bool mean) {
-  const c10::ScalarType out = out_dtype(n);
-  // 16-bit floats are summed and divided in float32 and rounded once at the end, as libtorch's
-  // kernels accumulate them (a bf16 running sum stops growing at 256 + 1, and a count such as
-  // 67,600 is not a bf16 number).
-  const c10::ScalarType t = accumulation_type(out);
-  const Operand x = as(in(n, 0), t);
-  Dims dims;
-  if (n->inputs().size() > 2) {
-    dims = reduced_dims(n, 1, x.dims.size());
-  } else {
-    for (size_t d = 0; d < x.dims.size(); ++d) dims.push_back(static_cast<int64_t>(d));
-  }
-  int64_t count = 1;
-  for (int64_t d : dims) count *= x.dims[d];
-  Operand r = reduce(x, dims, "stablehlo.add", 0);
-  if (mean) r = binary("stablehlo.divide", r, Operand{"", {}, c10::kLong, Tier::number, c10::Scalar(count)}, t);
-  set(n, 0, reshape(as(r, out), out_dims(n)));
 }
 
 bool Emitter::tanh_approximation(const Node* n, size_t i) {
@@ -951,8 +928,6 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
          std::swap(dims[a], dims[b]);
          e.set(n, 0, e.op("stablehlo.transpose", {x}, dims, x.dtype, "permutation = " + i64_array(perm)));
        }},
-      {"aten::sum", [](Emitter& e, const Node* n) { e.sum_or_mean(n, false); }},
-      {"aten::mean", [](Emitter& e, const Node* n) { e.sum_or_mean(n, true); }},
       {"aten::threshold_backward",
        [](Emitter& e, const Node* n) {
          // self <= threshold ? 0 : grad

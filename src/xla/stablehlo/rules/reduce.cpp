@@ -1,5 +1,5 @@
-// Reduction rules: vector norms, max and min (whole, or along a dim with indices). 16-bit floats accumulate in float32 and round once, as
-// libtorch's kernels do.
+// Reduction rules: sum and mean, vector norms, max and min (whole, or along a dim with indices).
+// 16-bit floats accumulate in float32 and round once, as libtorch's kernels do.
 
 #include "xla/stablehlo/lowering.h"
 
@@ -8,6 +8,31 @@
 
 namespace fulgur::xla::stablehlo {
 namespace {
+
+// sum(self, dim, keepdim, dtype), sum(self, dtype), mean(...) alike: reduced in the output's
+// dtype; mean divides the sum by the number of elements reduced.
+void sum_or_mean(LoweringContext& cx, const Node* n, bool mean) {
+  const c10::ScalarType out = cx.out_dtype(n);
+  // 16-bit floats are summed and divided in float32 and rounded once at the end, as libtorch's
+  // kernels accumulate them (a bf16 running sum stops growing at 256 + 1, and a count such as
+  // 67,600 is not a bf16 number).
+  const c10::ScalarType t = accumulation_type(out);
+  const Operand x = cx.as(cx.in(n, 0), t);
+  Dims dims;
+  if (n->inputs().size() > 2) {
+    dims = cx.reduced_dims(n, 1, x.dims.size());
+  } else {
+    for (size_t d = 0; d < x.dims.size(); ++d) dims.push_back(static_cast<int64_t>(d));
+  }
+  int64_t count = 1;
+  for (int64_t d : dims) count *= x.dims[d];
+  Operand r = cx.reduce(x, dims, "stablehlo.add", 0);
+  if (mean) r = cx.binary("stablehlo.divide", r, Operand{"", {}, c10::kLong, Tier::number, c10::Scalar(count)}, t);
+  cx.set(n, 0, cx.reshape(cx.as(r, out), cx.out_dims(n)));
+}
+
+void sum(LoweringContext& cx, const Node* n) { sum_or_mean(cx, n, false); }
+void mean(LoweringContext& cx, const Node* n) { sum_or_mean(cx, n, true); }
 
 // (self, p?, dim, keepdim): the p-norm over `dim` (every dim for []), as torch.norm: p = 2 when
 // None; inf the largest |x|, -inf the smallest, 0 the count of nonzero elements, else
@@ -120,6 +145,8 @@ void min(LoweringContext& cx, const Node* n) { extreme(cx, n, false); }
 }  // namespace
 
 void add_reduce_rules(RuleTable& table) {
+  table.add("aten::sum", sum);
+  table.add("aten::mean", mean);
   table.add("aten::norm", norm);
   table.add("aten::max", max);
   table.add("aten::min", min);
