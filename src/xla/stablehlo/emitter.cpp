@@ -37,12 +37,6 @@ class Emitter : public LoweringContext {
 
   Operand operand_of_input(const Value* v);
 
-  // --- lowerings ---
-  void elementwise(const Node* n, const std::string& name);
-  void add_or_sub(const Node* n, const std::string& name);
-  void addcop(const Node* n, const std::string& name);
-  void gelu(const Node* n);
-  void gelu_backward(const Node* n);
   void native_layer_norm(const Node* n);
   void embedding(const Node* n);
   void embedding_dense_backward(const Node* n);
@@ -86,8 +80,6 @@ class Emitter : public LoweringContext {
   Operand along_channels(const Operand& c, const Dims& full) {
     return op("stablehlo.broadcast_in_dim", {c}, full, c.dtype, "broadcast_dimensions = array<i64: 1>");
   }
-  // The `approximate` argument of gelu and gelu_backward: false for "none", true for "tanh".
-  static bool tanh_approximation(const Node* n, size_t i);
 
   // A stablehlo.custom_call of host kernel `target` (xla/host_kernels.h) with the window of a
   // convolution node as its attributes, plus `extra` ("name = value, ").
@@ -121,68 +113,6 @@ Operand Emitter::operand_of_input(const Value* v) {
 }
 
 // ---------------------------------------------------------------------------------------------
-
-void Emitter::elementwise(const Node* n, const std::string& name) {
-  set(n, 0, binary(name, in(n, 0), in(n, 1), out_dtype(n)));
-}
-
-void Emitter::add_or_sub(const Node* n, const std::string& name) {
-  const c10::ScalarType t = out_dtype(n);
-  Operand other = in(n, 1);
-  if (n->inputs().size() > 2) other = scaled(as(other, t), in(n, 2));
-  set(n, 0, binary(name, in(n, 0), other, t));
-}
-
-// addcmul: self + value * t1 * t2; addcdiv: self + value * t1 / t2 (libtorch's order).
-void Emitter::addcop(const Node* n, const std::string& name) {
-  const c10::ScalarType t = out_dtype(n);
-  const Operand prod = binary(name, scaled(as(in(n, 1), t), in(n, 3)), in(n, 2), t);
-  set(n, 0, binary("stablehlo.add", in(n, 0), prod, t));
-}
-
-bool Emitter::tanh_approximation(const Node* n, size_t i) {
-  const std::string approximate = constant(n, i, "approximate").toStringRef();
-  if (approximate != "none" && approximate != "tanh") throw Unsupported{"approximate '" + approximate + "'"};
-  return approximate == "tanh";
-}
-
-// libtorch's CPU formulas (GeluKernel.cpp): x * 0.5 * (1 + erf(x / sqrt(2))), or with "tanh"
-// 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))).
-void Emitter::gelu(const Node* n) {
-  const c10::ScalarType t = out_dtype(n);
-  const Operand x = as(in(n, 0), t);
-  if (tanh_approximation(n, 1)) {
-    const Operand inner = mul(add(x, mul(mul(mul(x, x), x), number(0.044715))), number(M_SQRT2 * M_2_SQRTPI * 0.5));
-    set(n, 0, mul(mul(x, number(0.5)), add(unary("stablehlo.tanh", inner), number(1))));
-    return;
-  }
-  const Operand erf = op("chlo.erf", {mul(x, number(M_SQRT1_2))}, x.dims, t);
-  set(n, 0, mul(mul(x, number(0.5)), add(erf, number(1))));
-}
-
-// grad * (cdf(x) + x * pdf(x)), and the derivative of the tanh form, as libtorch's CPU kernel.
-void Emitter::gelu_backward(const Node* n) {
-  const c10::ScalarType t = out_dtype(n);
-  const Operand grad = as(in(n, 0), t), x = as(in(n, 1), t);
-  if (tanh_approximation(n, 2)) {
-    const double beta = M_SQRT2 * M_2_SQRTPI * 0.5, kappa = 0.044715;
-    const Operand x_sq = mul(x, x);
-    const Operand inner = mul(add(x, mul(mul(x_sq, x), number(kappa))), number(beta));
-    const Operand tanh_inner = unary("stablehlo.tanh", inner);
-    const Operand left = mul(x, number(0.5));
-    const Operand right = add(tanh_inner, number(1));
-    const Operand left_derivative = mul(right, number(0.5));
-    const Operand tanh_derivative = binary("stablehlo.subtract", splat(1, {}, t), mul(tanh_inner, tanh_inner), t);
-    const Operand inner_derivative = mul(add(mul(x_sq, number(3 * kappa)), number(1)), number(beta));
-    const Operand right_derivative = mul(left, mul(tanh_derivative, inner_derivative));
-    set(n, 0, mul(grad, add(left_derivative, right_derivative)));
-    return;
-  }
-  const Operand cdf = mul(add(op("chlo.erf", {mul(x, number(M_SQRT1_2))}, x.dims, t), number(1)), number(0.5));
-  const Operand pdf =
-      mul(unary("stablehlo.exponential", mul(mul(x, x), number(-0.5))), number(M_2_SQRTPI * M_SQRT1_2 * 0.5));
-  set(n, 0, mul(grad, add(cdf, mul(x, pdf))));
-}
 
 // (input, normalized_shape, weight?, bias?, eps) -> (output, mean, rstd), the statistics over
 // the last len(normalized_shape) dims, kept as dims of size 1.
@@ -880,30 +810,8 @@ std::optional<Operand> Emitter::threshold_before_pool_backward(const Node* n) {
 
 const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
   static const std::unordered_map<std::string, Lowering> table = {
-      {"aten::add", [](Emitter& e, const Node* n) { e.add_or_sub(n, "stablehlo.add"); }},
-      {"aten::sub", [](Emitter& e, const Node* n) { e.add_or_sub(n, "stablehlo.subtract"); }},
-      {"aten::mul", [](Emitter& e, const Node* n) { e.elementwise(n, "stablehlo.multiply"); }},
-      {"aten::div",
-       [](Emitter& e, const Node* n) {
-         if (n->inputs().size() > 2 && !none_arg(n, 2))
-           throw Unsupported{"rounding_mode '" + constant(n, 2, "rounding_mode").toStringRef() + "'"};
-         e.elementwise(n, "stablehlo.divide");
-       }},
-      {"aten::pow", [](Emitter& e, const Node* n) { e.elementwise(n, "stablehlo.power"); }},
-      {"aten::sqrt", [](Emitter& e, const Node* n) { e.set(n, 0, e.unary("stablehlo.sqrt", e.as(e.in(n, 0), out_dtype(n)))); }},
-      {"aten::relu", [](Emitter& e, const Node* n) { e.set(n, 0, e.binary("stablehlo.maximum", e.in(n, 0), number(0), out_dtype(n))); }},
-      {"aten::addcmul", [](Emitter& e, const Node* n) { e.addcop(n, "stablehlo.multiply"); }},
-      {"aten::addcdiv", [](Emitter& e, const Node* n) { e.addcop(n, "stablehlo.divide"); }},
       // libtorch 2.x's lazy lowering passes a scalar argument (alpha, beta, a threshold) as a 0-d
       // tensor parameter converted by ScalarImplicit: a number of that tensor's dtype.
-      {"aten::ScalarImplicit",
-       [](Emitter& e, const Node* n) {
-         const Operand x = e.materialized(e.in(n, 0));
-         if (!x.dims.empty()) throw Unsupported{"a tensor of " + std::to_string(x.dims.size()) + " dims"};
-         e.values_[n->output(0)] = Operand{x.ssa, {}, x.dtype, Tier::number, x.constant};
-       }},
-      {"aten::zero", [](Emitter& e, const Node* n) { e.set(n, 0, e.splat(0, out_dims(n), out_dtype(n))); }},
-      {"aten::zeros_like", [](Emitter& e, const Node* n) { e.set(n, 0, e.splat(0, out_dims(n), out_dtype(n))); }},
       {"aten::detach_copy", [](Emitter& e, const Node* n) { e.set(n, 0, e.broadcast_to(e.in(n, 0), out_dims(n))); }},
       {"aten::_to_copy", [](Emitter& e, const Node* n) { e.set(n, 0, e.broadcast_to(e.as(e.in(n, 0), out_dtype(n)), out_dims(n))); }},
       {"aten::view_copy", [](Emitter& e, const Node* n) { e.set(n, 0, e.reshape(e.materialized(e.in(n, 0)), out_dims(n))); }},
@@ -940,8 +848,6 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
          const Operand below = e.compare("LE", self, e.in(n, 2), self.dtype);
          e.set(n, 0, e.select(below, e.splat(0, {}, t), e.as(e.in(n, 0), t)));
        }},
-      {"aten::gelu", [](Emitter& e, const Node* n) { e.gelu(n); }},
-      {"aten::gelu_backward", [](Emitter& e, const Node* n) { e.gelu_backward(n); }},
       {"aten::native_layer_norm", [](Emitter& e, const Node* n) { e.native_layer_norm(n); }},
       {"aten::embedding", [](Emitter& e, const Node* n) { e.embedding(n); }},
       {"aten::convolution", [](Emitter& e, const Node* n) { e.convolution(n); }},
