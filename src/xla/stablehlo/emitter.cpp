@@ -70,10 +70,6 @@ class Emitter : public LoweringContext {
   // repeated); checks the node's other arguments are those the lowerings handle.
   static Dims spatial_arg(const Node* n, size_t i, const char* what, size_t spatial, const Dims& if_empty);
   void native_layer_norm_backward(const Node* n);
-  void list_construct(const Node* n);
-  // stack (insert = true: each tensor gets a new dim of size 1 at `dim`) and cat.
-  void concatenate(const Node* n, bool insert);
-  void select_copy(const Node* n);
   void native_batch_norm(const Node* n);
   void native_batch_norm_backward(const Node* n);
   // A [C] operand broadcast along dim 1 of `full` (the channels of a batch norm's input).
@@ -222,57 +218,6 @@ void Emitter::native_layer_norm_backward(const Node* n) {
   }
   if (mask[1] && has_weight) set(n, 1, as(reduce(mul(grad, x_hat), outer, "stablehlo.add", 0), out_dtype(n, 1)));
   if (mask[2] && has_bias) set(n, 2, as(reduce(grad, outer, "stablehlo.add", 0), out_dtype(n, 2)));
-}
-
-void Emitter::list_construct(const Node* n) {
-  const auto list = n->output()->type()->cast<c10::ListType>();
-  if (!list || !list->getElementType()->cast<c10::TensorType>())
-    throw Unsupported{"a list of " + n->output()->type()->repr_str()};
-  std::vector<Operand> elements;
-  for (size_t i = 0; i < n->inputs().size(); ++i) elements.push_back(materialized(in(n, i)));
-  lists_[n->output()] = std::move(elements);
-}
-
-// (tensors, dim): cat joins along dim; stack first gives every tensor a dim of size 1 there.
-// Every tensor is converted to the result's dtype.
-void Emitter::concatenate(const Node* n, bool insert) {
-  const auto it = lists_.find(n->input(0));
-  if (it == lists_.end()) throw Unsupported{"tensors that are not a prim::ListConstruct"};
-  const c10::ScalarType t = out_dtype(n);
-  const Dims dims = out_dims(n);
-  const int64_t dim = wrap_dim(int_arg(n, 1, "dim"), dims.size());
-  std::vector<Operand> parts;
-  for (const Operand& x : it->second) {
-    if (!insert && x.dims.size() == 1 && x.dims[0] == 0) continue;  // cat skips empty 1-d tensors
-    Dims d = x.dims;
-    if (insert) d.insert(d.begin() + dim, 1);
-    parts.push_back(reshape(as(x, t), d));
-  }
-  if (parts.size() == 1) {
-    set(n, 0, reshape(parts[0], dims));
-    return;
-  }
-  set(n, 0, op("stablehlo.concatenate", parts, dims, t, "dimension = " + std::to_string(dim) + " : i64"));
-}
-
-// (self, dim, index): the slice at `index` of `dim`, that dim dropped.
-void Emitter::select_copy(const Node* n) {
-  const Operand x = materialized(in(n, 0));
-  if (x.dims.empty()) throw Unsupported{"a 0-d input"};
-  const int64_t dim = wrap_dim(int_arg(n, 1, "dim"), x.dims.size());
-  int64_t index = int_arg(n, 2, "index");
-  if (index < -x.dims[dim] || index >= x.dims[dim])
-    throw std::invalid_argument("select_copy: index " + std::to_string(index) + " out of range for a dim of " +
-                                std::to_string(x.dims[dim]));
-  if (index < 0) index += x.dims[dim];
-  Dims start(x.dims.size(), 0), limit = x.dims, strides(x.dims.size(), 1), sliced = x.dims;
-  start[dim] = index;
-  limit[dim] = index + 1;
-  sliced[dim] = 1;
-  const Operand slice = op("stablehlo.slice", {x}, sliced, x.dtype,
-                           "start_indices = " + i64_array(start) + ", limit_indices = " + i64_array(limit) +
-                               ", strides = " + i64_array(strides));
-  set(n, 0, reshape(slice, out_dims(n)));
 }
 
 // (input [N, C, *], weight?, bias?, running_mean?, running_var?, training, momentum, eps) ->
@@ -812,30 +757,6 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
   static const std::unordered_map<std::string, Lowering> table = {
       // libtorch 2.x's lazy lowering passes a scalar argument (alpha, beta, a threshold) as a 0-d
       // tensor parameter converted by ScalarImplicit: a number of that tensor's dtype.
-      {"aten::detach_copy", [](Emitter& e, const Node* n) { e.set(n, 0, e.broadcast_to(e.in(n, 0), out_dims(n))); }},
-      {"aten::_to_copy", [](Emitter& e, const Node* n) { e.set(n, 0, e.broadcast_to(e.as(e.in(n, 0), out_dtype(n)), out_dims(n))); }},
-      {"aten::view_copy", [](Emitter& e, const Node* n) { e.set(n, 0, e.reshape(e.materialized(e.in(n, 0)), out_dims(n))); }},
-      {"aten::expand_copy", [](Emitter& e, const Node* n) { e.set(n, 0, e.broadcast_to(e.in(n, 0), out_dims(n))); }},
-      {"aten::t_copy",
-       [](Emitter& e, const Node* n) {
-         const Operand x = e.materialized(e.in(n, 0));
-         e.set(n, 0, x.dims.size() < 2 ? x : e.op("stablehlo.transpose", {x}, {x.dims[1], x.dims[0]}, x.dtype,
-                                                  "permutation = array<i64: 1, 0>"));
-       }},
-      {"aten::transpose_copy",
-       [](Emitter& e, const Node* n) {
-         const Operand x = e.materialized(e.in(n, 0));
-         const int64_t a = wrap_dim(int_arg(n, 1, "dim0"), x.dims.size()), b = wrap_dim(int_arg(n, 2, "dim1"), x.dims.size());
-         if (x.dims.size() < 2 || a == b) {
-           e.set(n, 0, x);
-           return;
-         }
-         Dims perm(x.dims.size()), dims = x.dims;
-         for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
-         std::swap(perm[a], perm[b]);
-         std::swap(dims[a], dims[b]);
-         e.set(n, 0, e.op("stablehlo.transpose", {x}, dims, x.dtype, "permutation = " + i64_array(perm)));
-       }},
       {"aten::threshold_backward",
        [](Emitter& e, const Node* n) {
          // self <= threshold ? 0 : grad
@@ -857,10 +778,6 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
        [](Emitter& e, const Node* n) { e.max_pool2d_with_indices_backward(n); }},
       {"aten::embedding_dense_backward", [](Emitter& e, const Node* n) { e.embedding_dense_backward(n); }},
       {"aten::native_layer_norm_backward", [](Emitter& e, const Node* n) { e.native_layer_norm_backward(n); }},
-      {"prim::ListConstruct", [](Emitter& e, const Node* n) { e.list_construct(n); }},
-      {"aten::stack", [](Emitter& e, const Node* n) { e.concatenate(n, true); }},
-      {"aten::cat", [](Emitter& e, const Node* n) { e.concatenate(n, false); }},
-      {"aten::select_copy", [](Emitter& e, const Node* n) { e.select_copy(n); }},
       {"aten::native_batch_norm", [](Emitter& e, const Node* n) { e.native_batch_norm(n); }},
       {"aten::native_batch_norm_backward", [](Emitter& e, const Node* n) { e.native_batch_norm_backward(n); }},
   };

@@ -59,6 +59,13 @@ class LoweringContext : public Builder {
   // rule made from one (aten::IntImplicit of a constant tensor). Unsupported otherwise.
   c10::Scalar known_number(const Node* n, size_t i, const char* what) const;
 
+  // The tensors of a prim::ListConstruct value (cat's and stack's operand), or nullptr.
+  const std::vector<Operand>* list(const Value* v) const {
+    const auto it = lists_.find(v);
+    return it == lists_.end() ? nullptr : &it->second;
+  }
+  void set_list(const Value* v, std::vector<Operand> elements) { lists_[v] = std::move(elements); }
+
   // Whether a live node (or the graph's return) uses `v`.
   bool used(const Value* v) const;
 

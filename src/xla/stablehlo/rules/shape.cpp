@@ -1,5 +1,6 @@
-// Shape rules: slicing and its scatter, permutes, squeezes, expand and clone, and the int
-// arguments the lazy lowering passes as 0-d tensors. None computes; each moves or copies values.
+// Shape rules: views and copies (view, expand, transpose, permute, squeeze, _to_copy's dtype
+// conversion), slicing and its scatter, select, cat and stack, and the int arguments the lazy
+// lowering passes as 0-d tensors. None computes beyond a conversion; each moves or copies values.
 
 #include "xla/stablehlo/lowering.h"
 
@@ -86,8 +87,91 @@ void permute_copy(LoweringContext& cx, const Node* n) {
   cx.set(n, 0, cx.op("stablehlo.transpose", {x}, cx.out_dims(n), x.dtype, "permutation = " + i64_array(perm)));
 }
 
-// squeeze_copy and unsqueeze_copy (every overload), and clone: the values of self in the
-// output's shape.
+// A list of tensors (the operand of cat and stack), kept for the op that reads it.
+void list_construct(LoweringContext& cx, const Node* n) {
+  const auto list = n->output()->type()->cast<c10::ListType>();
+  if (!list || !list->getElementType()->cast<c10::TensorType>())
+    throw Unsupported{"a list of " + n->output()->type()->repr_str()};
+  std::vector<Operand> elements;
+  for (size_t i = 0; i < n->inputs().size(); ++i) elements.push_back(cx.materialized(cx.in(n, i)));
+  cx.set_list(n->output(), std::move(elements));
+}
+
+// (tensors, dim): cat joins along dim; stack (insert) first gives every tensor a dim of size 1
+// there. Every tensor is converted to the result's dtype.
+void concatenate(LoweringContext& cx, const Node* n, bool insert) {
+  const std::vector<Operand>* tensors = cx.list(n->input(0));
+  if (!tensors) throw Unsupported{"tensors that are not a prim::ListConstruct"};
+  const c10::ScalarType t = cx.out_dtype(n);
+  const Dims dims = cx.out_dims(n);
+  const int64_t dim = wrap_dim(cx.int_arg(n, 1, "dim"), dims.size());
+  std::vector<Operand> parts;
+  for (const Operand& x : *tensors) {
+    if (!insert && x.dims.size() == 1 && x.dims[0] == 0) continue;  // cat skips empty 1-d tensors
+    Dims d = x.dims;
+    if (insert) d.insert(d.begin() + dim, 1);
+    parts.push_back(cx.reshape(cx.as(x, t), d));
+  }
+  if (parts.size() == 1) {
+    cx.set(n, 0, cx.reshape(parts[0], dims));
+    return;
+  }
+  cx.set(n, 0, cx.op("stablehlo.concatenate", parts, dims, t, "dimension = " + std::to_string(dim) + " : i64"));
+}
+
+// (self, dim, index): the slice at `index` of `dim`, that dim dropped.
+void select_copy(LoweringContext& cx, const Node* n) {
+  const Operand x = cx.materialized(cx.in(n, 0));
+  if (x.dims.empty()) throw Unsupported{"a 0-d input"};
+  const int64_t dim = wrap_dim(cx.int_arg(n, 1, "dim"), x.dims.size());
+  int64_t index = cx.int_arg(n, 2, "index");
+  if (index < -x.dims[dim] || index >= x.dims[dim])
+    throw std::invalid_argument("select_copy: index " + std::to_string(index) + " out of range for a dim of " +
+                                std::to_string(x.dims[dim]));
+  if (index < 0) index += x.dims[dim];
+  Dims start(x.dims.size(), 0), limit = x.dims, strides(x.dims.size(), 1);
+  start[dim] = index;
+  limit[dim] = index + 1;
+  cx.set(n, 0, cx.reshape(cx.slice(x, start, limit, strides), cx.out_dims(n)));
+}
+
+void stack(LoweringContext& cx, const Node* n) { concatenate(cx, n, true); }
+void cat(LoweringContext& cx, const Node* n) { concatenate(cx, n, false); }
+
+// detach_copy and expand_copy: self broadcast to the output's shape.
+void broadcast(LoweringContext& cx, const Node* n) { cx.set(n, 0, cx.broadcast_to(cx.in(n, 0), cx.out_dims(n))); }
+
+// _to_copy: self converted to the output's dtype (a device or layout change is no op here).
+void to_copy(LoweringContext& cx, const Node* n) {
+  cx.set(n, 0, cx.broadcast_to(cx.as(cx.in(n, 0), cx.out_dtype(n)), cx.out_dims(n)));
+}
+
+// A 2-d self transposed (a 0-d or 1-d one as it is).
+void t_copy(LoweringContext& cx, const Node* n) {
+  const Operand x = cx.materialized(cx.in(n, 0));
+  cx.set(n, 0, x.dims.size() < 2 ? x
+                                 : cx.op("stablehlo.transpose", {x}, {x.dims[1], x.dims[0]}, x.dtype,
+                                         "permutation = array<i64: 1, 0>"));
+}
+
+// (self, dim0, dim1): the two dims swapped.
+void transpose_copy(LoweringContext& cx, const Node* n) {
+  const Operand x = cx.materialized(cx.in(n, 0));
+  const int64_t a = wrap_dim(cx.int_arg(n, 1, "dim0"), x.dims.size());
+  const int64_t b = wrap_dim(cx.int_arg(n, 2, "dim1"), x.dims.size());
+  if (x.dims.size() < 2 || a == b) {
+    cx.set(n, 0, x);
+    return;
+  }
+  Dims perm(x.dims.size()), dims = x.dims;
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+  std::swap(perm[a], perm[b]);
+  std::swap(dims[a], dims[b]);
+  cx.set(n, 0, cx.op("stablehlo.transpose", {x}, dims, x.dtype, "permutation = " + i64_array(perm)));
+}
+
+// view_copy, squeeze_copy and unsqueeze_copy (every overload), and clone: the values of self in
+// the output's shape.
 void reshaped(LoweringContext& cx, const Node* n) {
   cx.set(n, 0, cx.reshape(cx.materialized(cx.in(n, 0)), cx.out_dims(n)));
 }
@@ -112,6 +196,16 @@ void expand(LoweringContext& cx, const Node* n) {
 }  // namespace
 
 void add_shape_rules(RuleTable& table) {
+  table.add("aten::detach_copy", broadcast);
+  table.add("aten::expand_copy", broadcast);
+  table.add("aten::_to_copy", to_copy);
+  table.add("aten::view_copy", reshaped);
+  table.add("aten::t_copy", t_copy);
+  table.add("aten::transpose_copy", transpose_copy);
+  table.add("prim::ListConstruct", list_construct);
+  table.add("aten::stack", stack);
+  table.add("aten::cat", cat);
+  table.add("aten::select_copy", select_copy);
   table.add("aten::IntImplicit", int_implicit);
   table.add("aten::slice_copy", slice_copy);
   table.add("aten::slice_scatter", slice_scatter);
