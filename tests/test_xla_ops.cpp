@@ -544,6 +544,8 @@ TEST(XlaOps, EveryRuleOfTheTableHasAPerOpTest) {
       {"aten::stack", "StableHlo.StackCatAndSelectCopy"},
       {"aten::cat", "StableHlo.StackCatAndSelectCopy"},
       {"aten::select_copy", "StableHlo.StackCatAndSelectCopy"},
+      {"aten::embedding", "StableHlo.EmbeddingGathersRows"},
+      {"aten::embedding_dense_backward", "StableHlo.EmbeddingDenseBackwardAddsRepeatedIndicesAndSkipsPadding"},
       {"aten::mm", "StableHlo.MatmulsWithAlphaAndBeta"},
       {"aten::sum", "StableHlo.ReductionsComparisonsReluAndThresholdBackward"},
       {"aten::mean", "StableHlo.ReductionsComparisonsReluAndThresholdBackward"},

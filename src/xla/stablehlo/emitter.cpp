@@ -38,8 +38,6 @@ class Emitter : public LoweringContext {
   Operand operand_of_input(const Value* v);
 
   void native_layer_norm(const Node* n);
-  void embedding(const Node* n);
-  void embedding_dense_backward(const Node* n);
   void convolution(const Node* n);
   void convolution_backward(const Node* n);
   void max_pool2d_with_indices(const Node* n);
@@ -137,44 +135,6 @@ void Emitter::native_layer_norm(const Node* n) {
   set(n, 0, as(out, out_t));
   set(n, 1, reshape(as(mean, out_dtype(n, 1)), out_dims(n, 1)));
   set(n, 2, reshape(as(rstd, out_dtype(n, 2)), out_dims(n, 2)));
-}
-
-// weight [V, D] indexed by int indices of any shape: rows gathered, [*indices, D]. padding_idx
-// and scale_grad_by_freq only change the backward.
-void Emitter::embedding(const Node* n) {
-  const Operand weight = materialized(in(n, 0));
-  if (weight.dims.size() != 2) throw Unsupported{"weight of " + std::to_string(weight.dims.size()) + " dimensions"};
-  const Operand indices = materialized(in(n, 1));
-  const int64_t rank = static_cast<int64_t>(indices.dims.size());
-  const std::string numbers = "dimension_numbers = #stablehlo.gather<offset_dims = [" + std::to_string(rank) +
-                              "], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = " +
-                              std::to_string(rank) + ">, slice_sizes = " + i64_array({1, weight.dims[1]}) +
-                              ", indices_are_sorted = false";
-  Dims dims = indices.dims;
-  dims.push_back(weight.dims[1]);
-  set(n, 0, op("stablehlo.gather", {weight, indices}, dims, weight.dtype, numbers));
-}
-
-// (grad_output [*indices, D], indices, num_weights, padding_idx, scale_grad_by_freq) ->
-// [num_weights, D]: each grad row added into its index's row (a scatter-add); rows whose index is
-// padding_idx add nothing.
-void Emitter::embedding_dense_backward(const Node* n) {
-  if (bool_arg(n, 4, "scale_grad_by_freq")) throw Unsupported{"scale_grad_by_freq"};
-  const c10::ScalarType t = out_dtype(n);
-  const Dims dims = out_dims(n);
-  const Operand& indices_in = in(n, 1);
-  int64_t k = 1;
-  for (int64_t d : indices_in.dims) k *= d;
-  const Operand indices = reshape(materialized(indices_in), {k});
-  const Operand grad = reshape(as(in(n, 0), t), {k, dims.at(1)});
-  const Operand padding = compare("EQ", indices, in(n, 3), indices.dtype);
-  const Operand rows = select(op("stablehlo.broadcast_in_dim", {padding}, grad.dims, c10::kBool,
-                                 "broadcast_dimensions = array<i64: 0>"),
-                              splat(0, grad.dims, t), grad);
-  const std::string numbers =
-      "scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], "
-      "scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false";
-  set(n, 0, op("stablehlo.scatter", {splat(0, dims, t), indices, rows}, dims, t, numbers, combiner("stablehlo.add", t)));
 }
 
 // (grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask) ->
@@ -770,13 +730,11 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
          e.set(n, 0, e.select(below, e.splat(0, {}, t), e.as(e.in(n, 0), t)));
        }},
       {"aten::native_layer_norm", [](Emitter& e, const Node* n) { e.native_layer_norm(n); }},
-      {"aten::embedding", [](Emitter& e, const Node* n) { e.embedding(n); }},
       {"aten::convolution", [](Emitter& e, const Node* n) { e.convolution(n); }},
       {"aten::convolution_backward", [](Emitter& e, const Node* n) { e.convolution_backward(n); }},
       {"aten::max_pool2d_with_indices", [](Emitter& e, const Node* n) { e.max_pool2d_with_indices(n); }},
       {"aten::max_pool2d_with_indices_backward",
        [](Emitter& e, const Node* n) { e.max_pool2d_with_indices_backward(n); }},
-      {"aten::embedding_dense_backward", [](Emitter& e, const Node* n) { e.embedding_dense_backward(n); }},
       {"aten::native_layer_norm_backward", [](Emitter& e, const Node* n) { e.native_layer_norm_backward(n); }},
       {"aten::native_batch_norm", [](Emitter& e, const Node* n) { e.native_batch_norm(n); }},
       {"aten::native_batch_norm_backward", [](Emitter& e, const Node* n) { e.native_batch_norm_backward(n); }},
