@@ -37,7 +37,6 @@ class Emitter : public LoweringContext {
 
   Operand operand_of_input(const Value* v);
 
-  void native_layer_norm(const Node* n);
   void convolution(const Node* n);
   void convolution_backward(const Node* n);
   void max_pool2d_with_indices(const Node* n);
@@ -67,13 +66,6 @@ class Emitter : public LoweringContext {
   // The window arguments of a convolution or a pooling, one per spatial dim (a single value
   // repeated); checks the node's other arguments are those the lowerings handle.
   static Dims spatial_arg(const Node* n, size_t i, const char* what, size_t spatial, const Dims& if_empty);
-  void native_layer_norm_backward(const Node* n);
-  void native_batch_norm(const Node* n);
-  void native_batch_norm_backward(const Node* n);
-  // A [C] operand broadcast along dim 1 of `full` (the channels of a batch norm's input).
-  Operand along_channels(const Operand& c, const Dims& full) {
-    return op("stablehlo.broadcast_in_dim", {c}, full, c.dtype, "broadcast_dimensions = array<i64: 1>");
-  }
 
   // A stablehlo.custom_call of host kernel `target` (xla/host_kernels.h) with the window of a
   // convolution node as its attributes, plus `extra` ("name = value, ").
@@ -107,201 +99,6 @@ Operand Emitter::operand_of_input(const Value* v) {
 }
 
 // ---------------------------------------------------------------------------------------------
-
-// (input, normalized_shape, weight?, bias?, eps) -> (output, mean, rstd), the statistics over
-// the last len(normalized_shape) dims, kept as dims of size 1.
-void Emitter::native_layer_norm(const Node* n) {
-  // The statistics and the normalization in float32 for 16-bit floats (libtorch's kernel
-  // accumulates them so), the output rounded once.
-  const c10::ScalarType out_t = out_dtype(n, 0);
-  const c10::ScalarType t = accumulation_type(out_t);
-  const Operand x = as(in(n, 0), t);
-  const size_t k = ints_arg(n, 1, "normalized_shape").size();
-  if (k > x.dims.size()) throw std::invalid_argument("normalized_shape longer than the input's dims");
-  Dims dims;
-  int64_t count = 1;
-  for (size_t d = x.dims.size() - k; d < x.dims.size(); ++d) {
-    dims.push_back(static_cast<int64_t>(d));
-    count *= x.dims[d];
-  }
-  const Operand mean = binary("stablehlo.divide", reduce(x, dims, "stablehlo.add", 0), number(count), t);
-  const Operand centered = binary("stablehlo.subtract", x, keep_dims(mean, x.dims, dims), t);
-  const Operand var = binary("stablehlo.divide", reduce(mul(centered, centered), dims, "stablehlo.add", 0),
-                             number(count), t);
-  const Operand rstd = unary("stablehlo.rsqrt", add(var, as(in(n, 4), t)));
-  Operand out = mul(centered, keep_dims(rstd, x.dims, dims));
-  if (!none_arg(n, 2)) out = mul(out, as(in(n, 2), t));
-  if (!none_arg(n, 3)) out = add(out, as(in(n, 3), t));
-  set(n, 0, as(out, out_t));
-  set(n, 1, reshape(as(mean, out_dtype(n, 1)), out_dims(n, 1)));
-  set(n, 2, reshape(as(rstd, out_dtype(n, 2)), out_dims(n, 2)));
-}
-
-// (grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask) ->
-// (grad_input, grad_weight, grad_bias), libtorch's closed form with x_hat = (x - mean) * rstd and
-// g = grad_out * weight: grad_input = rstd * (g - mean(g) - x_hat * mean(g * x_hat)) over the
-// normalized dims; grad_weight = sum(grad_out * x_hat), grad_bias = sum(grad_out) over the others.
-// An output the mask (or a missing weight or bias) leaves undefined must be unused.
-void Emitter::native_layer_norm_backward(const Node* n) {
-  // In float32 for 16-bit floats, as native_layer_norm.
-  const c10::ScalarType t = accumulation_type(out_dtype(n, 0));
-  const Operand grad = as(in(n, 0), t), x = as(in(n, 1), t);
-  const size_t k = ints_arg(n, 2, "normalized_shape").size();
-  const std::vector<bool> mask = constant(n, 7, "output_mask").toBoolList().vec();
-  if (k > x.dims.size() || mask.size() != 3) throw std::invalid_argument("bad native_layer_norm_backward arguments");
-  Dims inner, outer;
-  int64_t count = 1;
-  for (size_t d = 0; d < x.dims.size(); ++d) {
-    if (d + k >= x.dims.size()) {
-      inner.push_back(static_cast<int64_t>(d));
-      count *= x.dims[d];
-    } else {
-      outer.push_back(static_cast<int64_t>(d));
-    }
-  }
-  const Operand rstd = as(in(n, 4), t);
-  const Operand x_hat = mul(binary("stablehlo.subtract", x, as(in(n, 3), t), t), rstd);
-  const bool has_weight = !none_arg(n, 5), has_bias = !none_arg(n, 6);
-  for (size_t i = 0; i < 3; ++i) {
-    const bool defined = mask[i] && (i != 1 || has_weight) && (i != 2 || has_bias);
-    if (!defined && used(n->output(i))) throw Unsupported{"a use of undefined output " + std::to_string(i)};
-  }
-  if (mask[0]) {
-    const Operand g = has_weight ? mul(grad, as(in(n, 5), t)) : grad;
-    auto inner_mean = [&](const Operand& v) {
-      return keep_dims(binary("stablehlo.divide", reduce(v, inner, "stablehlo.add", 0), number(count), t), x.dims,
-                       inner);
-    };
-    const Operand centered = binary("stablehlo.subtract", g, inner_mean(g), t);
-    const Operand correction = mul(x_hat, inner_mean(mul(g, x_hat)));
-    set(n, 0, as(mul(rstd, binary("stablehlo.subtract", centered, correction, t)), out_dtype(n, 0)));
-  }
-  if (mask[1] && has_weight) set(n, 1, as(reduce(mul(grad, x_hat), outer, "stablehlo.add", 0), out_dtype(n, 1)));
-  if (mask[2] && has_bias) set(n, 2, as(reduce(grad, outer, "stablehlo.add", 0), out_dtype(n, 2)));
-}
-
-// (input [N, C, *], weight?, bias?, running_mean?, running_var?, training, momentum, eps) ->
-// (output, save_mean, save_invstd), libtorch's CPU kernel: in training the statistics of each
-// channel over N and the spatial dims (biased variance), and the running statistics updated in
-// place, running = (1 - momentum) * running + momentum * batch, with the unbiased variance; in
-// evaluation the running statistics normalize and save_mean, save_invstd are empty. An updated
-// running statistic takes the place of its value for the rest of the graph (the TorchScript
-// graph writes into the tensor), and a graph input so updated is returned as an extra result.
-// 16-bit floats are computed in float32 (statistics, normalization, running updates) and each
-// result rounded once, as libtorch's kernel does.
-void Emitter::native_batch_norm(const Node* n) {
-  const c10::ScalarType out_t = out_dtype(n, 0), t = accumulation_type(out_t);
-  const Operand x = as(in(n, 0), t);
-  if (x.dims.size() < 2) throw Unsupported{"input of " + std::to_string(x.dims.size()) + " dimensions"};
-  const bool training = bool_arg(n, 5, "training");
-  const bool has_running = !none_arg(n, 3) && !none_arg(n, 4);
-  if (!training && !has_running) throw Unsupported{"evaluation without running statistics"};
-  Dims others;
-  int64_t count = 1;
-  for (size_t d = 0; d < x.dims.size(); ++d) {
-    if (d == 1) continue;
-    others.push_back(static_cast<int64_t>(d));
-    count *= x.dims[d];
-  }
-  // The statistics that normalize: libtorch's kernel saves them in save_mean's dtype and
-  // normalizes with the saved values.
-  Operand norm_mean, norm_invstd;
-  if (training) {
-    const Operand mean = binary("stablehlo.divide", reduce(x, others, "stablehlo.add", 0), number(count), t);
-    const Operand centered = binary("stablehlo.subtract", x, along_channels(mean, x.dims), t);
-    const Operand var = binary("stablehlo.divide", reduce(mul(centered, centered), others, "stablehlo.add", 0),
-                               number(count), t);
-    const Operand invstd = unary("stablehlo.rsqrt", add(var, as(in(n, 7), t)));
-    norm_mean = rounded_as(mean, out_dtype(n, 1));
-    norm_invstd = rounded_as(invstd, out_dtype(n, 2));
-    set(n, 1, reshape(as(mean, out_dtype(n, 1)), out_dims(n, 1)));
-    set(n, 2, reshape(as(invstd, out_dtype(n, 2)), out_dims(n, 2)));
-    if (has_running) {
-      const Operand& momentum = in(n, 6);
-      const Operand unbiased = count > 1 ? binary("stablehlo.multiply", var,
-                                                  number(static_cast<double>(count) / static_cast<double>(count - 1)), t)
-                                         : var;
-      const Operand keep = binary("stablehlo.subtract", number(1.0), momentum, c10::kDouble);
-      for (const auto& [i, batch] : {std::pair<size_t, Operand>{3, mean}, std::pair<size_t, Operand>{4, unbiased}}) {
-        const Operand& running = in(n, i);
-        const c10::ScalarType rt = accumulation_type(running.dtype);
-        Operand updated = as(binary("stablehlo.add", binary("stablehlo.multiply", as(running, rt), keep, rt),
-                                    binary("stablehlo.multiply", as(batch, rt), momentum, rt), rt),
-                             running.dtype);
-        const Value* v = n->input(i);
-        if (v->node() == graph_.param_node()) {
-          if (std::find(updated_inputs_.begin(), updated_inputs_.end(), v->offset()) == updated_inputs_.end())
-            updated_inputs_.push_back(v->offset());
-        }
-        values_[v] = std::move(updated);
-      }
-    }
-  } else {
-    norm_mean = as(in(n, 3), t);
-    norm_invstd = unary("stablehlo.rsqrt", add(as(in(n, 4), t), as(in(n, 7), t)));
-    set(n, 1, splat(0, out_dims(n, 1), out_dtype(n, 1)));
-    set(n, 2, splat(0, out_dims(n, 2), out_dtype(n, 2)));
-  }
-  // x * alpha + beta per channel, alpha = invstd * weight, beta = bias - mean * alpha: libtorch's
-  // formula (batch_norm_cpu_transform_input).
-  const Operand alpha = none_arg(n, 1) ? norm_invstd : mul(norm_invstd, as(in(n, 1), t));
-  Operand beta = op("stablehlo.negate", {mul(norm_mean, alpha)}, alpha.dims, t);
-  if (!none_arg(n, 2)) beta = add(beta, as(in(n, 2), t));
-  set(n, 0, as(add(mul(x, along_channels(alpha, x.dims)), along_channels(beta, x.dims)), out_t));
-}
-
-// (grad_out, input, weight?, running_mean?, running_var?, save_mean?, save_invstd?, train, eps,
-// output_mask) -> (grad_input, grad_weight, grad_bias) with x_hat = (x - mean) * invstd (the
-// saved statistics in training, the running ones otherwise), over N and the spatial dims:
-// grad_bias = sum(g), grad_weight = sum(g * x_hat); grad_input = weight * invstd * (g - mean(g) -
-// x_hat * mean(g * x_hat)) in training, g * weight * invstd in evaluation.
-void Emitter::native_batch_norm_backward(const Node* n) {
-  const std::vector<bool> mask = constant(n, 9, "output_mask").toBoolList().vec();
-  if (mask.size() != 3) throw std::invalid_argument("bad native_batch_norm_backward output_mask");
-  const bool train = bool_arg(n, 7, "train");
-  const bool has_weight = !none_arg(n, 2);
-  for (size_t i = 0; i < 3; ++i) {
-    const bool defined = mask[i] && (i != 1 || has_weight);
-    if (!defined && used(n->output(i))) throw Unsupported{"a use of undefined output " + std::to_string(i)};
-  }
-  const c10::ScalarType t = accumulation_type(in(n, 1).dtype);  // float32 for 16-bit floats, as the forward
-  const Operand grad = as(in(n, 0), t), x = as(in(n, 1), t);
-  if (x.dims.size() < 2) throw Unsupported{"input of " + std::to_string(x.dims.size()) + " dimensions"};
-  Dims others;
-  int64_t count = 1;
-  for (size_t d = 0; d < x.dims.size(); ++d) {
-    if (d == 1) continue;
-    others.push_back(static_cast<int64_t>(d));
-    count *= x.dims[d];
-  }
-  Operand mean, invstd;
-  if (train) {
-    if (none_arg(n, 5) || none_arg(n, 6)) throw Unsupported{"training without saved statistics"};
-    mean = as(in(n, 5), t);
-    invstd = as(in(n, 6), t);
-  } else {
-    if (none_arg(n, 3) || none_arg(n, 4)) throw Unsupported{"evaluation without running statistics"};
-    mean = as(in(n, 3), t);
-    invstd = unary("stablehlo.rsqrt", add(as(in(n, 4), t), as(in(n, 8), t)));
-  }
-  const Operand x_hat = mul(binary("stablehlo.subtract", x, along_channels(mean, x.dims), t),
-                            along_channels(invstd, x.dims));
-  const Operand sum_g = reduce(grad, others, "stablehlo.add", 0);
-  const Operand sum_gx = reduce(mul(grad, x_hat), others, "stablehlo.add", 0);
-  if (mask[0]) {
-    const Operand scale = has_weight ? mul(invstd, as(in(n, 2), t)) : invstd;
-    Operand g = grad;
-    if (train) {
-      const Operand mean_g = binary("stablehlo.divide", sum_g, number(count), t);
-      const Operand mean_gx = binary("stablehlo.divide", sum_gx, number(count), t);
-      g = binary("stablehlo.subtract", binary("stablehlo.subtract", grad, along_channels(mean_g, x.dims), t),
-                 mul(x_hat, along_channels(mean_gx, x.dims)), t);
-    }
-    set(n, 0, as(mul(g, along_channels(scale, x.dims)), out_dtype(n, 0)));
-  }
-  if (mask[1] && has_weight) set(n, 1, as(sum_gx, out_dtype(n, 1)));
-  if (mask[2]) set(n, 2, as(sum_g, out_dtype(n, 2)));
-}
 
 Dims Emitter::spatial_arg(const Node* n, size_t i, const char* what, size_t spatial, const Dims& if_empty) {
   Dims v = ints_arg(n, i, what);
@@ -729,15 +526,11 @@ const std::unordered_map<std::string, Emitter::Lowering>& Emitter::lowerings() {
          const Operand below = e.compare("LE", self, e.in(n, 2), self.dtype);
          e.set(n, 0, e.select(below, e.splat(0, {}, t), e.as(e.in(n, 0), t)));
        }},
-      {"aten::native_layer_norm", [](Emitter& e, const Node* n) { e.native_layer_norm(n); }},
       {"aten::convolution", [](Emitter& e, const Node* n) { e.convolution(n); }},
       {"aten::convolution_backward", [](Emitter& e, const Node* n) { e.convolution_backward(n); }},
       {"aten::max_pool2d_with_indices", [](Emitter& e, const Node* n) { e.max_pool2d_with_indices(n); }},
       {"aten::max_pool2d_with_indices_backward",
        [](Emitter& e, const Node* n) { e.max_pool2d_with_indices_backward(n); }},
-      {"aten::native_layer_norm_backward", [](Emitter& e, const Node* n) { e.native_layer_norm_backward(n); }},
-      {"aten::native_batch_norm", [](Emitter& e, const Node* n) { e.native_batch_norm(n); }},
-      {"aten::native_batch_norm_backward", [](Emitter& e, const Node* n) { e.native_batch_norm_backward(n); }},
   };
   return table;
 }

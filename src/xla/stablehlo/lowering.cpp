@@ -72,6 +72,13 @@ c10::Scalar LoweringContext::known_number(const Node* n, size_t i, const char* w
   return *it->second.constant;
 }
 
+void LoweringContext::update_input(const Value* v, Operand updated) {
+  if (v->node() == graph_.param_node() &&
+      std::find(updated_inputs_.begin(), updated_inputs_.end(), v->offset()) == updated_inputs_.end())
+    updated_inputs_.push_back(v->offset());
+  values_[v] = std::move(updated);
+}
+
 bool LoweringContext::used(const Value* v) const {
   return std::any_of(v->uses().begin(), v->uses().end(), [&](const torch::jit::Use& u) {
     return u.user == graph_.return_node() || live_.count(u.user) > 0;
@@ -103,6 +110,7 @@ const RuleTable& rules() {
     add_shape_rules(t);
     add_index_rules(t);
     add_loss_rules(t);
+    add_norm_rules(t);
     add_softmax_loss_rules(t);
     add_pool_rules(t);
     return t;

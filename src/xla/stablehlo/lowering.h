@@ -59,6 +59,11 @@ class LoweringContext : public Builder {
   // rule made from one (aten::IntImplicit of a constant tensor). Unsupported otherwise.
   c10::Scalar known_number(const Node* n, size_t i, const char* what) const;
 
+  // `v` is `updated` for the rest of the graph: an op wrote it in place (the TorchScript graph
+  // writes into the tensor). A graph input so updated becomes an extra result of @main
+  // (Emission::updated_inputs).
+  void update_input(const Value* v, Operand updated);
+
   // The tensors of a prim::ListConstruct value (cat's and stack's operand), or nullptr.
   const std::vector<Operand>* list(const Value* v) const {
     const auto it = lists_.find(v);
@@ -102,6 +107,7 @@ void add_reduce_rules(RuleTable& table);
 void add_shape_rules(RuleTable& table);
 void add_index_rules(RuleTable& table);
 void add_loss_rules(RuleTable& table);
+void add_norm_rules(RuleTable& table);
 void add_softmax_loss_rules(RuleTable& table);
 void add_pool_rules(RuleTable& table);
 
