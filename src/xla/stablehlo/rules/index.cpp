@@ -74,8 +74,10 @@ void triangle(LoweringContext& cx, const Node* n, const char* direction) {
   const Operand x = cx.materialized(cx.in(n, 0));
   if (x.dims.size() < 2) throw Unsupported{"an input of " + std::to_string(x.dims.size()) + " dims"};
   const int64_t rank = static_cast<int64_t>(x.dims.size());
-  const Operand row = cx.op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 2) + " : i64");
-  const Operand col = cx.op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 1) + " : i64");
+  auto iota = [&](int64_t dim) {
+    return cx.op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(dim) + " : i64");
+  };
+  const Operand row = iota(rank - 2), col = iota(rank - 1);
   const Operand keep = cx.compare(direction, cx.sub(col, row), number(cx.int_arg(n, 1, "diagonal")), c10::kLong);
   cx.set(n, 0, cx.select(keep, x, cx.splat(0, {}, x.dtype)));
 }

@@ -26,7 +26,7 @@ void addmm(LoweringContext& cx, const Node* n) {
   }
   Operand self = cx.scaled(cx.broadcast_to(cx.as(cx.in(n, 0), t), prod.dims), beta);
   if (!beta.constant) {
-    const Operand is_zero = cx.compare("EQ", beta, Operand{"", {}, beta.dtype, Tier::number, c10::Scalar(0)}, beta.dtype);
+    const Operand is_zero = cx.compare("EQ", beta, number(0), beta.dtype);
     self = cx.select(is_zero, cx.splat(0, prod.dims, t), self);
   }
   cx.set(n, 0, cx.binary("stablehlo.add", self, prod, t));

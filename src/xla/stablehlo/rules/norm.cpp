@@ -32,8 +32,8 @@ void native_layer_norm(LoweringContext& cx, const Node* n) {
   }
   const Operand mean = cx.binary("stablehlo.divide", cx.reduce(x, dims, "stablehlo.add", 0), number(count), t);
   const Operand centered = cx.binary("stablehlo.subtract", x, cx.keep_dims(mean, x.dims, dims), t);
-  const Operand var = cx.binary("stablehlo.divide", cx.reduce(cx.mul(centered, centered), dims, "stablehlo.add", 0),
-                             number(count), t);
+  const Operand squares = cx.reduce(cx.mul(centered, centered), dims, "stablehlo.add", 0);
+  const Operand var = cx.binary("stablehlo.divide", squares, number(count), t);
   const Operand rstd = cx.unary("stablehlo.rsqrt", cx.add(var, cx.as(cx.in(n, 4), t)));
   Operand out = cx.mul(centered, cx.keep_dims(rstd, x.dims, dims));
   if (!cx.none_arg(n, 2)) out = cx.mul(out, cx.as(cx.in(n, 2), t));
@@ -75,14 +75,15 @@ void native_layer_norm_backward(LoweringContext& cx, const Node* n) {
   if (mask[0]) {
     const Operand g = has_weight ? cx.mul(grad, cx.as(cx.in(n, 5), t)) : grad;
     auto inner_mean = [&](const Operand& v) {
-      return cx.keep_dims(cx.binary("stablehlo.divide", cx.reduce(v, inner, "stablehlo.add", 0), number(count), t), x.dims,
-                       inner);
+      const Operand sum = cx.reduce(v, inner, "stablehlo.add", 0);
+      return cx.keep_dims(cx.binary("stablehlo.divide", sum, number(count), t), x.dims, inner);
     };
     const Operand centered = cx.binary("stablehlo.subtract", g, inner_mean(g), t);
     const Operand correction = cx.mul(x_hat, inner_mean(cx.mul(g, x_hat)));
     cx.set(n, 0, cx.as(cx.mul(rstd, cx.binary("stablehlo.subtract", centered, correction, t)), cx.out_dtype(n, 0)));
   }
-  if (mask[1] && has_weight) cx.set(n, 1, cx.as(cx.reduce(cx.mul(grad, x_hat), outer, "stablehlo.add", 0), cx.out_dtype(n, 1)));
+  if (mask[1] && has_weight)
+    cx.set(n, 1, cx.as(cx.reduce(cx.mul(grad, x_hat), outer, "stablehlo.add", 0), cx.out_dtype(n, 1)));
   if (mask[2] && has_bias) cx.set(n, 2, cx.as(cx.reduce(grad, outer, "stablehlo.add", 0), cx.out_dtype(n, 2)));
 }
 
@@ -115,8 +116,8 @@ void native_batch_norm(LoweringContext& cx, const Node* n) {
   if (training) {
     const Operand mean = cx.binary("stablehlo.divide", cx.reduce(x, others, "stablehlo.add", 0), number(count), t);
     const Operand centered = cx.binary("stablehlo.subtract", x, along_channels(cx, mean, x.dims), t);
-    const Operand var = cx.binary("stablehlo.divide", cx.reduce(cx.mul(centered, centered), others, "stablehlo.add", 0),
-                               number(count), t);
+    const Operand squares = cx.reduce(cx.mul(centered, centered), others, "stablehlo.add", 0);
+    const Operand var = cx.binary("stablehlo.divide", squares, number(count), t);
     const Operand invstd = cx.unary("stablehlo.rsqrt", cx.add(var, cx.as(cx.in(n, 7), t)));
     norm_mean = cx.rounded_as(mean, cx.out_dtype(n, 1));
     norm_invstd = cx.rounded_as(invstd, cx.out_dtype(n, 2));
@@ -124,16 +125,15 @@ void native_batch_norm(LoweringContext& cx, const Node* n) {
     cx.set(n, 2, cx.reshape(cx.as(invstd, cx.out_dtype(n, 2)), cx.out_dims(n, 2)));
     if (has_running) {
       const Operand& momentum = cx.in(n, 6);
-      const Operand unbiased = count > 1 ? cx.binary("stablehlo.multiply", var,
-                                                  number(static_cast<double>(count) / static_cast<double>(count - 1)), t)
-                                         : var;
+      const double bessel = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
+      const Operand unbiased = count > 1 ? cx.binary("stablehlo.multiply", var, number(bessel), t) : var;
       const Operand keep = cx.binary("stablehlo.subtract", number(1.0), momentum, c10::kDouble);
       for (const auto& [i, batch] : {std::pair<size_t, Operand>{3, mean}, std::pair<size_t, Operand>{4, unbiased}}) {
         const Operand& running = cx.in(n, i);
         const c10::ScalarType rt = accumulation_type(running.dtype);
-        Operand updated = cx.as(cx.binary("stablehlo.add", cx.binary("stablehlo.multiply", cx.as(running, rt), keep, rt),
-                                    cx.binary("stablehlo.multiply", cx.as(batch, rt), momentum, rt), rt),
-                             running.dtype);
+        const Operand kept = cx.binary("stablehlo.multiply", cx.as(running, rt), keep, rt);
+        const Operand added = cx.binary("stablehlo.multiply", cx.as(batch, rt), momentum, rt);
+        Operand updated = cx.as(cx.binary("stablehlo.add", kept, added, rt), running.dtype);
         cx.update_input(n->input(i), std::move(updated));
       }
     }
@@ -186,7 +186,7 @@ void native_batch_norm_backward(LoweringContext& cx, const Node* n) {
     invstd = cx.unary("stablehlo.rsqrt", cx.add(cx.as(cx.in(n, 4), t), cx.as(cx.in(n, 8), t)));
   }
   const Operand x_hat = cx.mul(cx.binary("stablehlo.subtract", x, along_channels(cx, mean, x.dims), t),
-                            along_channels(cx, invstd, x.dims));
+                               along_channels(cx, invstd, x.dims));
   const Operand sum_g = cx.reduce(grad, others, "stablehlo.add", 0);
   const Operand sum_gx = cx.reduce(cx.mul(grad, x_hat), others, "stablehlo.add", 0);
   if (mask[0]) {
@@ -195,8 +195,8 @@ void native_batch_norm_backward(LoweringContext& cx, const Node* n) {
     if (train) {
       const Operand mean_g = cx.binary("stablehlo.divide", sum_g, number(count), t);
       const Operand mean_gx = cx.binary("stablehlo.divide", sum_gx, number(count), t);
-      g = cx.binary("stablehlo.subtract", cx.binary("stablehlo.subtract", grad, along_channels(cx, mean_g, x.dims), t),
-                 cx.mul(x_hat, along_channels(cx, mean_gx, x.dims)), t);
+      const Operand centered = cx.binary("stablehlo.subtract", grad, along_channels(cx, mean_g, x.dims), t);
+      g = cx.binary("stablehlo.subtract", centered, cx.mul(x_hat, along_channels(cx, mean_gx, x.dims)), t);
     }
     cx.set(n, 0, cx.as(cx.mul(g, along_channels(cx, scale, x.dims)), cx.out_dtype(n, 0)));
   }

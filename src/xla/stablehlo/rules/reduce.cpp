@@ -132,10 +132,12 @@ void extreme(LoweringContext& cx, const Node* n, bool is_max) {
   Dims reduced;
   for (size_t d = 0; d < x.dims.size(); ++d)
     if (static_cast<int64_t>(d) != dim) reduced.push_back(x.dims[d]);
-  const Operand index = cx.op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(dim) + " : i64");
-  const std::vector<Operand> outs = cx.op_n(
-      "stablehlo.reduce", {x, index, cx.splat(init, {}, t), cx.splat(std::numeric_limits<int64_t>::max(), {}, c10::kLong)},
-      {{reduced, t}, {reduced, c10::kLong}}, "dimensions = " + i64_array({dim}), arg_region(cx, t, is_max ? "GT" : "LT"));
+  const Operand index =
+      cx.op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(dim) + " : i64");
+  const Operand no_index = cx.splat(std::numeric_limits<int64_t>::max(), {}, c10::kLong);
+  const std::vector<Operand> outs =
+      cx.op_n("stablehlo.reduce", {x, index, cx.splat(init, {}, t), no_index}, {{reduced, t}, {reduced, c10::kLong}},
+              "dimensions = " + i64_array({dim}), arg_region(cx, t, is_max ? "GT" : "LT"));
   cx.set(n, 0, cx.reshape(outs[0], cx.out_dims(n, 0)));
   cx.set(n, 1, cx.reshape(cx.as(outs[1], cx.out_dtype(n, 1)), cx.out_dims(n, 1)));
 }

@@ -8,6 +8,8 @@
 namespace fulgur::xla::stablehlo {
 namespace {
 
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
 // The [N, C] one-hot mask of `target1d` (ignored rows all false) and each row's weight (input
 // `weight_input` of `n`, or 1).
 std::pair<Operand, Operand> nll_mask_and_weights(LoweringContext& cx, const Node* n, const Operand& self2d,
@@ -45,8 +47,7 @@ void log_softmax(LoweringContext& cx, const Node* n) {
     cx.set(n, 0, cx.splat(0, {}, out));
     return;
   }
-  const Operand max = cx.keep_dims(cx.reduce(x, dims, "stablehlo.maximum", -std::numeric_limits<double>::infinity()),
-                                x.dims, dims);
+  const Operand max = cx.keep_dims(cx.reduce(x, dims, "stablehlo.maximum", -kInf), x.dims, dims);
   const Operand shifted = cx.binary("stablehlo.subtract", x, max, t);
   const Operand exp = cx.op("stablehlo.exponential", {shifted}, x.dims, t);
   const Operand sum = cx.reduce(exp, dims, "stablehlo.add", 0);
@@ -76,8 +77,7 @@ void softmax(LoweringContext& cx, const Node* n) {
     cx.set(n, 0, cx.splat(1, {}, out));
     return;
   }
-  const Operand max = cx.keep_dims(cx.reduce(x, dims, "stablehlo.maximum", -std::numeric_limits<double>::infinity()),
-                                x.dims, dims);
+  const Operand max = cx.keep_dims(cx.reduce(x, dims, "stablehlo.maximum", -kInf), x.dims, dims);
   const Operand exp = cx.op("stablehlo.exponential", {cx.binary("stablehlo.subtract", x, max, t)}, x.dims, t);
   const Operand sum = cx.keep_dims(cx.reduce(exp, dims, "stablehlo.add", 0), x.dims, dims);
   cx.set(n, 0, cx.as(cx.binary("stablehlo.divide", exp, sum, t), out));
@@ -131,13 +131,14 @@ void nll_loss_forward(LoweringContext& cx, const Node* n) {
 void nll_loss_backward(LoweringContext& cx, const Node* n) {
   const c10::ScalarType t = cx.out_dtype(n);
   const Dims dims = cx.out_dims(n);
-  if (dims.size() != 1 && dims.size() != 2) throw Unsupported{"input of " + std::to_string(dims.size()) + " dimensions"};
+  if (dims.size() != 1 && dims.size() != 2)
+    throw Unsupported{"input of " + std::to_string(dims.size()) + " dimensions"};
   const int64_t reduction = cx.int_arg(n, 4, "reduction"), ignore_index = cx.int_arg(n, 5, "ignore_index");
   const int64_t rows = dims.size() == 2 ? dims[0] : 1, c = dims.back();
   const Dims nc = {rows, c};
   const Operand target = cx.reshape(cx.in(n, 2), {rows});
-  const auto [mask, weights] = nll_mask_and_weights(cx, n, Operand{"", nc, t, Tier::dimensioned, std::nullopt}, target, 3,
-                                                    ignore_index);
+  const Operand shape{"", nc, t, Tier::dimensioned, std::nullopt};  // only its dims and dtype are read
+  const auto [mask, weights] = nll_mask_and_weights(cx, n, shape, target, 3, ignore_index);
   Operand grad = cx.as(cx.in(n, 0), t);
   if (reduction == 0) {
     grad = cx.reshape(grad, {rows});
