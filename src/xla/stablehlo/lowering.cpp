@@ -63,6 +63,14 @@ Dims LoweringContext::reduced_dims(const Node* n, size_t i, size_t rank) {
   return dims;
 }
 
+Dims LoweringContext::spatial_arg(const Node* n, size_t i, const char* what, size_t spatial, const Dims& if_empty) {
+  Dims v = ints_arg(n, i, what);
+  if (v.empty()) v = if_empty;
+  if (v.size() == 1) v.assign(spatial, v[0]);
+  if (v.size() != spatial) throw std::invalid_argument(std::string(what) + " of another length than the spatial dims");
+  return v;
+}
+
 c10::Scalar LoweringContext::known_number(const Node* n, size_t i, const char* what) const {
   if (const auto value = torch::jit::toIValue(n->input(i))) {
     if (value->isInt() || value->isDouble() || value->isBool()) return value->toScalar();
@@ -110,6 +118,7 @@ const RuleTable& rules() {
     add_shape_rules(t);
     add_index_rules(t);
     add_loss_rules(t);
+    add_conv_rules(t);
     add_norm_rules(t);
     add_softmax_loss_rules(t);
     add_pool_rules(t);

@@ -55,9 +55,19 @@ class LoweringContext : public Builder {
   static Dims ints_arg(const Node* n, size_t i, const char* what) { return constant(n, i, what).toIntVector(); }
   // The dims a reduction's dim argument names (all of them for None or []), wrapped and sorted.
   static Dims reduced_dims(const Node* n, size_t i, size_t rank);
+  // The window arguments of a convolution or a pooling, one per spatial dim (a single value
+  // repeated, `if_empty` for []); std::invalid_argument for another length.
+  static Dims spatial_arg(const Node* n, size_t i, const char* what, size_t spatial, const Dims& if_empty);
   // Argument `i` of `n` as a number known when the graph is emitted: a constant, or a value a
   // rule made from one (aten::IntImplicit of a constant tensor). Unsupported otherwise.
   c10::Scalar known_number(const Node* n, size_t i, const char* what) const;
+
+  // The value a rule gave `v` so far, or nullptr (a rule reading what another op made, such as
+  // the pooled maxima of the threshold-before-pool rewrite, rules/pool.cpp).
+  const Operand* value(const Value* v) const {
+    const auto it = values_.find(v);
+    return it == values_.end() ? nullptr : &it->second;
+  }
 
   // `v` is `updated` for the rest of the graph: an op wrote it in place (the TorchScript graph
   // writes into the tensor). A graph input so updated becomes an extra result of @main
@@ -107,6 +117,7 @@ void add_reduce_rules(RuleTable& table);
 void add_shape_rules(RuleTable& table);
 void add_index_rules(RuleTable& table);
 void add_loss_rules(RuleTable& table);
+void add_conv_rules(RuleTable& table);
 void add_norm_rules(RuleTable& table);
 void add_softmax_loss_rules(RuleTable& table);
 void add_pool_rules(RuleTable& table);
