@@ -48,7 +48,8 @@ Operand conv(LoweringContext& cx, const Operand& lhs, const Operand& rhs, const 
 // tap a strided slice of the padded input broadcast over the output features, times the tap's
 // column of weights broadcast over batch and space, the products added in tap order. XLA fuses
 // the whole sum (and the bias and activation after it) into one elementwise loop.
-Operand conv_as_shifted_sum(LoweringContext& cx, const Operand& x, const Operand& w, const Dims& dims, const Dims& stride,
+Operand conv_as_shifted_sum(LoweringContext& cx, const Operand& x, const Operand& w, const Dims& dims,
+                            const Dims& stride,
                                      const Dims& padding, const Dims& dilation) {
   const size_t spatial = x.dims.size() - 2;
   const int64_t rank = static_cast<int64_t>(x.dims.size());
@@ -124,13 +125,16 @@ void convolution(LoweringContext& cx, const Node* n) {
   const Operand x = cx.as(cx.in(n, 0), t), w = cx.as(cx.in(n, 1), t);
   const size_t spatial = x.dims.size() - 2;
   if (cx.bool_arg(n, 6, "transposed")) throw Unsupported{"transposed"};
-  const Dims stride = cx.spatial_arg(n, 3, "stride", spatial, {1}), padding = cx.spatial_arg(n, 4, "padding", spatial, {0}),
+  const Dims stride = cx.spatial_arg(n, 3, "stride", spatial, {1});
+  const Dims padding = cx.spatial_arg(n, 4, "padding", spatial, {0}),
              dilation = cx.spatial_arg(n, 5, "dilation", spatial, {1});
   const int64_t groups = cx.int_arg(n, 8, "groups");
   if (host_convolution(cx, t)) {
     std::vector<Operand> args{x, w};
     if (!cx.none_arg(n, 2)) args.push_back(cx.as(cx.in(n, 2), t));
-    cx.set(n, 0, host_call(cx, host_kernels::kConvolution, args, {{cx.out_dims(n), t}}, stride, padding, dilation, groups, "")[0]);
+    const auto outs =
+        host_call(cx, host_kernels::kConvolution, args, {{cx.out_dims(n), t}}, stride, padding, dilation, groups, "");
+    cx.set(n, 0, outs[0]);
     return;
   }
   int64_t taps = 1;
@@ -146,7 +150,8 @@ void convolution(LoweringContext& cx, const Node* n) {
     out = conv(cx, x, w, layout, cx.out_dims(n), stride, pads, Dims(spatial, 1), dilation, groups);
   }
   if (!cx.none_arg(n, 2))
-    out = cx.add(out, cx.op("stablehlo.broadcast_in_dim", {cx.as(cx.in(n, 2), t)}, out.dims, t, "broadcast_dimensions = array<i64: 1>"));
+    out = cx.add(out, cx.op("stablehlo.broadcast_in_dim", {cx.as(cx.in(n, 2), t)}, out.dims, t,
+                            "broadcast_dimensions = array<i64: 1>"));
   cx.set(n, 0, out);
 }
 
@@ -162,7 +167,8 @@ void convolution_backward(LoweringContext& cx, const Node* n) {
   const size_t spatial = x.dims.size() - 2;
   if (cx.bool_arg(n, 7, "transposed")) throw Unsupported{"transposed"};
   if (cx.int_arg(n, 9, "groups") != 1) throw Unsupported{"groups " + std::to_string(cx.int_arg(n, 9, "groups"))};
-  const Dims stride = cx.spatial_arg(n, 4, "stride", spatial, {1}), padding = cx.spatial_arg(n, 5, "padding", spatial, {0}),
+  const Dims stride = cx.spatial_arg(n, 4, "stride", spatial, {1});
+  const Dims padding = cx.spatial_arg(n, 5, "padding", spatial, {0}),
              dilation = cx.spatial_arg(n, 6, "dilation", spatial, {1});
   const std::vector<bool> mask = cx.constant(n, 10, "output_mask").toBoolList().vec();
   for (size_t i = 0; i < 3; ++i)

@@ -15,8 +15,10 @@ namespace {
 // indices count.
 Operand plane_index(LoweringContext& cx, const Dims& dims) {
   const size_t rank = dims.size();
-  const Operand rows = cx.op("stablehlo.iota", {}, dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 2) + " : i64");
-  const Operand cols = cx.op("stablehlo.iota", {}, dims, c10::kLong, "iota_dimension = " + std::to_string(rank - 1) + " : i64");
+  auto iota = [&](size_t dim) {
+    return cx.op("stablehlo.iota", {}, dims, c10::kLong, "iota_dimension = " + std::to_string(dim) + " : i64");
+  };
+  const Operand rows = iota(rank - 2), cols = iota(rank - 1);
   return cx.add(cx.mul(rows, number(dims[rank - 1])), cols);
 }
 
@@ -65,32 +67,36 @@ void max_pool2d_with_indices(LoweringContext& cx, const Node* n) {
     const int64_t low_bits = 0xFFFFFFFF, nan_bits = 0x7FC00000;
     // The order-preserving map of int32 float bits (held in int64), its own inverse.
     auto flip_negative = [&](const Operand& bits) {
-      return cx.select(cx.compare("LT", bits, number(0), c10::kLong), cx.binary("stablehlo.xor", bits, number(0x7FFFFFFF), c10::kLong),
-                    bits);
+      return cx.select(cx.compare("LT", bits, number(0), c10::kLong),
+                       cx.binary("stablehlo.xor", bits, number(0x7FFFFFFF), c10::kLong), bits);
     };
     const Operand zero = cx.splat(0, x.dims, t);
     const Operand is_nan = cx.compare("NE", x, x, t);
-    const Operand bits = cx.op("stablehlo.bitcast_convert", {cx.select(cx.compare("EQ", x, zero, t), zero, x)}, x.dims,
-                            c10::kInt);  // -0.0 ties +0.0, as in libtorch
-    const Operand key = cx.select(is_nan, cx.splat(nan_bits, x.dims, c10::kLong), flip_negative(cx.as(bits, c10::kLong)));
+    const Operand unsigned_zero = cx.select(cx.compare("EQ", x, zero, t), zero, x);  // -0.0 ties +0.0, as in libtorch
+    const Operand bits = cx.op("stablehlo.bitcast_convert", {unsigned_zero}, x.dims, c10::kInt);
+    const Operand key =
+        cx.select(is_nan, cx.splat(nan_bits, x.dims, c10::kLong), flip_negative(cx.as(bits, c10::kLong)));
     const Operand index = plane_index(cx, x.dims);
-    const Operand packed = cx.add(cx.binary("stablehlo.shift_left", key, number(32), c10::kLong),
-                               cx.select(is_nan, index, cx.binary("stablehlo.subtract", number(low_bits), index, c10::kLong)));
-    const Operand best = cx.op("stablehlo.reduce_window", {packed, cx.splat(std::numeric_limits<int64_t>::min(), {}, c10::kLong)},
-                            dims, c10::kLong, window_attrs, cx.combiner("stablehlo.maximum", c10::kLong));
+    const Operand low_half =
+        cx.select(is_nan, index, cx.binary("stablehlo.subtract", number(low_bits), index, c10::kLong));
+    const Operand packed = cx.add(cx.binary("stablehlo.shift_left", key, number(32), c10::kLong), low_half);
+    const Operand lowest = cx.splat(std::numeric_limits<int64_t>::min(), {}, c10::kLong);
+    const Operand best = cx.op("stablehlo.reduce_window", {packed, lowest}, dims, c10::kLong, window_attrs,
+                               cx.combiner("stablehlo.maximum", c10::kLong));
     const Operand best_key = cx.binary("stablehlo.shift_right_arithmetic", best, number(32), c10::kLong);
     const Operand low = cx.binary("stablehlo.and", best, number(low_bits), c10::kLong);
     cx.set(n, 0, cx.op("stablehlo.bitcast_convert", {cx.as(flip_negative(best_key), c10::kInt)}, dims, t));
     cx.set(n, 1, cx.select(cx.compare("EQ", best_key, number(nan_bits), c10::kLong), low,
-                     cx.binary("stablehlo.subtract", number(low_bits), low, c10::kLong)));
+                           cx.binary("stablehlo.subtract", number(low_bits), low, c10::kLong)));
     return;
   }
   // (a, ai) or (b, bi): a NaN over a number, of two NaNs the larger index (libtorch's last), of
   // two numbers the larger, of equal ones the smaller index.
   const std::string v = mlir_type({}, t), l = mlir_type({}, c10::kLong);
-  const std::string a = cx.fresh(), ai = cx.fresh(), b = cx.fresh(), bi = cx.fresh(), gt = cx.fresh(), eq = cx.fresh(), lt = cx.fresh(),
-                    later = cx.fresh(), a_nan = cx.fresh(), b_nan = cx.fresh(), b_num = cx.fresh(), tie = cx.fresh(), larger = cx.fresh(),
-                    by_value = cx.fresh(), nan_wins = cx.fresh(), nan_pick = cx.fresh(), pick = cx.fresh(), rv = cx.fresh(), ri = cx.fresh();
+  const std::string a = cx.fresh(), ai = cx.fresh(), b = cx.fresh(), bi = cx.fresh(), gt = cx.fresh(),
+                    eq = cx.fresh(), lt = cx.fresh(), later = cx.fresh(), a_nan = cx.fresh(), b_nan = cx.fresh(),
+                    b_num = cx.fresh(), tie = cx.fresh(), larger = cx.fresh(), by_value = cx.fresh(),
+                    nan_wins = cx.fresh(), nan_pick = cx.fresh(), pick = cx.fresh(), rv = cx.fresh(), ri = cx.fresh();
   auto cmp = [&](const std::string& r, const std::string& x0, const std::string& x1, const std::string& ty,
                  const char* dir) {
     return "      " + r + " = \"stablehlo.compare\"(" + x0 + ", " + x1 +
@@ -187,7 +193,8 @@ void max_pool2d_with_indices_backward(LoweringContext& cx, const Node* n) {
   for (size_t i = 0; i + 2 < rank; ++i) {
     int64_t stride = 1;
     for (size_t j = i + 1; j + 2 < rank; ++j) stride *= grad.dims[j];
-    const Operand iota = cx.op("stablehlo.iota", {}, grad.dims, c10::kLong, "iota_dimension = " + std::to_string(i) + " : i64");
+    const Operand iota =
+        cx.op("stablehlo.iota", {}, grad.dims, c10::kLong, "iota_dimension = " + std::to_string(i) + " : i64");
     plane_index = cx.add(plane_index, cx.mul(iota, number(stride)));
   }
   const Operand where = cx.reshape(cx.add(cx.mul(plane_index, number(plane)), indices), {k});
