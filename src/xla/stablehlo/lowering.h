@@ -8,11 +8,11 @@
 // <family>.cpp, with add_<family>_rules(table); rules() holds every family's. The emitter's driver
 // (emitter.cpp) walks the graph and calls the rule of each live node. Private to the emitter.
 //
-// Example (rules/elementwise.cpp):
-//   void tanh(LoweringContext& cx, const Node* n) {
-//     cx.set(n, 0, cx.unary("stablehlo.tanh", cx.as(cx.in(n, 0), cx.out_dtype(n))));
+// Example (a rule and its row, as rules/elementwise.cpp writes neg):
+//   void neg(LoweringContext& cx, const Node* n) {
+//     cx.set(n, 0, cx.unary("stablehlo.negate", cx.as(cx.in(n, 0), cx.out_dtype(n))));
 //   }
-//   void add_elementwise_rules(RuleTable& table) { table.add("aten::tanh", tanh); }
+//   void add_elementwise_rules(RuleTable& table) { table.add("aten::neg", neg); }
 
 #include "xla/stablehlo/builder.h"
 #include "xla/stablehlo/emitter.h"
