@@ -5,6 +5,7 @@
 #include <fulgur/plugins/precision/precision.h>
 #include <fulgur/strategies/ddp.h>
 #include <fulgur/strategies/registry.h>
+#include <fulgur/strategies/single_device.h>
 #include <fulgur/strategies/xla.h>
 
 #include <gtest/gtest.h>
@@ -204,6 +205,22 @@ TEST(Options, RanksAndBroadcastBeforeLaunch) {
   expect_invalid([&] { s.Strategy::reduce(c10::IValue(int64_t(5)), "nope"); }, {"'nope'"});
   // The mean of an integer tensor is floating point.
   EXPECT_TRUE(s.reduce(torch::tensor({1, 2}), "mean").is_floating_point());
+}
+
+// Issue 32, C12: what strategy.h and the GUIDE say of one process. all_gather gives its input
+// back, not [1, *shape] (as Lightning's single-device strategy), with sync_grads too; reduce of an
+// IValue reduces a tensor and returns anything else as it is, a dict holding a tensor included.
+TEST(Options, OneProcessAllGatherReturnsItsInputAndReduceLeavesADictOfTensorsAsItIs) {
+  SingleDeviceStrategy s(c10::Device(c10::kCPU), std::make_shared<CPUAccelerator>());
+  const auto t = torch::arange(6.0).view({2, 3});
+  EXPECT_TRUE(s.all_gather(t).is_same(t));
+  EXPECT_TRUE(s.all_gather(t, true).is_same(t));
+  c10::Dict<std::string, at::Tensor> d;
+  d.insert("x", torch::tensor({1.0, 2.0}));
+  const c10::IValue r = s.Strategy::reduce(c10::IValue(d), "sum");
+  ASSERT_TRUE(r.isGenericDict());
+  EXPECT_TRUE(r.toGenericDict().at("x").toTensor().is_same(d.at("x")));
+  EXPECT_TRUE(s.Strategy::reduce(c10::IValue(t), "sum").toTensor().equal(t));
 }
 
 TEST(Options, XlaCheckpointIORefusesStorageOptions) {

@@ -290,6 +290,51 @@ TEST(Serialize, OptimizerStatesRoundTripAndAnotherKindIsNamed) {
   EXPECT_TRUE(adam.state().empty());  // nothing half-loaded
 }
 
+// Issue 32, C12: the GUIDE's optimizer table. Adagrad's state round-trips as plain tensors in
+// Python's layout, like RMSprop's above; an optimizer outside the table (LBFGS) is refused when
+// saved and when restored, the error naming its type and the ones fulgur knows.
+TEST(Serialize, AdagradRoundTripsAndAnOptimizerOutsideTheTableIsRefusedNamingIt) {
+  torch::manual_seed(2);
+  torch::nn::Linear lin(3, 2);
+  auto step = [&](torch::optim::Optimizer& opt) {
+    opt.zero_grad();
+    lin(torch::randn({4, 3})).pow(2).sum().backward();
+    opt.step();
+  };
+  torch::optim::Adagrad adagrad(lin->parameters(), torch::optim::AdagradOptions(0.1).lr_decay(0.01));
+  step(adagrad);
+  step(adagrad);
+  const c10::IValue saved = fulgur::detail::optimizer_state_dict(adagrad);
+  const auto state = saved.toGenericDict().at("state").toGenericDict();
+  ASSERT_EQ(state.size(), 2u);
+  for (const auto& entry : state) EXPECT_TRUE(entry.value().toGenericDict().at("sum").isTensor());
+  torch::optim::Adagrad again(lin->parameters(), torch::optim::AdagradOptions(0.1).lr_decay(0.01));
+  fulgur::detail::load_optimizer_state_dict(again, saved, "here");
+  for (const auto& [key, value] : adagrad.state()) {
+    const auto& a = static_cast<torch::optim::AdagradParamState&>(*again.state().at(key));
+    const auto& b = static_cast<torch::optim::AdagradParamState&>(*value);
+    EXPECT_EQ(a.step(), 2);
+    EXPECT_TRUE(torch::equal(a.sum(), b.sum()));
+  }
+
+  torch::optim::LBFGS lbfgs(lin->parameters(), torch::optim::LBFGSOptions(0.1));
+  try {
+    fulgur::detail::optimizer_state_dict(lbfgs);
+    FAIL() << "an LBFGS state was saved";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cannot checkpoint an optimizer of type"));
+    EXPECT_THAT(e.what(), HasSubstr("LBFGS"));
+    EXPECT_THAT(e.what(), HasSubstr("Adagrad"));
+  }
+  try {
+    fulgur::detail::load_optimizer_state_dict(lbfgs, saved, "checkpoint z.ckpt, optimizer 0");
+    FAIL() << "an LBFGS state was restored";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("checkpoint z.ckpt, optimizer 0: cannot restore an optimizer of type"));
+    EXPECT_THAT(e.what(), HasSubstr("LBFGS"));
+  }
+}
+
 TEST(Serialize, ALightningStyleCheckpointSavedByPythonLoads) {
   TempDir dir;
   const std::string script = R"(

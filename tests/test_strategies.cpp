@@ -87,6 +87,12 @@ struct Checked : TinyRegression {
     check(s.reduce(torch::tensor(r).to(dev), "AVG").item<double>() == (n - 1) / 2.0, "reduce avg");
     check(s.reduce(torch::tensor(r).to(dev), "max").item<double>() == n - 1, "reduce max");
     check(s.Strategy::reduce(c10::IValue(std::string("text")), "sum").toStringRef() == "text", "non-tensor passes");
+    // A dict holding a tensor is not a tensor: returned as it is, the tensor not reduced
+    // (strategy.h, the GUIDE).
+    c10::Dict<std::string, at::Tensor> own;
+    own.insert("r", torch::tensor(r));
+    const c10::IValue kept = s.Strategy::reduce(c10::IValue(own), "sum");
+    check(kept.isGenericDict() && kept.toGenericDict().at("r").toTensor().item<double>() == r, "a dict passes unreduced");
     auto g = s.all_gather(torch::full({2}, r).to(dev));
     check(g.sizes() == c10::IntArrayRef({n, 2}), "all_gather shape");
     // sync_grads: d/dx_r of sum_k w_k * gathered_k, summed over ranks = n * w_r.

@@ -59,7 +59,9 @@ void TrainerImpl::clip_gradients(torch::optim::Optimizer& optimizer) {
   std::vector<at::Tensor> norms;
   for (auto& g : grads) norms.push_back(g.norm(2).to(torch::kFloat32));
   auto total = torch::stack(norms).norm(2);
-  auto coef = (clip / (total + 1e-6)).clamp_max(1.0);
+  // clamp(max=1), as PyTorch's clip_grad_norm_ writes it: libtorch's lazy core has a node for
+  // aten::clamp and none for aten::clamp_max, which would run on the host and split the step.
+  auto coef = (clip / (total + 1e-6)).clamp(std::nullopt, 1.0);
   for (auto& g : grads) g.mul_(coef.to(g.scalar_type()));
 }
 

@@ -1,0 +1,229 @@
+// Convolution rules: convolution and convolution_backward. On a plugin with libtorch's kernels
+// registered (EmitOptions::host_convolutions, the CPU plugin) float32 and float64 convolutions
+// and their gradients are custom calls of those kernels (xla/host_kernels.h); otherwise one
+// stablehlo.convolution each, or a sum of shifted windows for a convolution of one input feature.
+
+#include "xla/stablehlo/lowering.h"
+
+#include "xla/host_kernels.h"
+
+namespace fulgur::xla::stablehlo {
+namespace {
+
+// Whether convolutions of `t` call libtorch's kernels: EmitOptions::host_convolutions, float32
+// and float64 only.
+bool host_convolution(const LoweringContext& cx, c10::ScalarType t) {
+  return cx.options().host_convolutions && (t == c10::kFloat || t == c10::kDouble);
+}
+
+// "[b, f, 0, 1]"-style layouts: `first`, `second`, then the spatial dims.
+std::string conv_layout(const char* first, const char* second, size_t spatial) {
+  std::string s = std::string("[") + first + ", " + second;
+  for (size_t i = 0; i < spatial; ++i) s += ", " + std::to_string(i);
+  return s + "]";
+}
+
+// The most kernel taps (product of the kernel's spatial sizes) a convolution of one input
+// feature is written as a shifted sum for: 5x5 is the case measured (bench/history/libtorch-1.13.md); the
+// program grows by six ops per tap.
+constexpr int64_t kMaxShiftedSumTaps = 25;
+
+
+// A stablehlo.convolution; `layout` is its dimension_numbers, spatial dims 0..rank-3.
+Operand conv(LoweringContext& cx, const Operand& lhs, const Operand& rhs, const std::string& layout, const Dims& dims,
+                      const Dims& strides, const std::vector<std::pair<int64_t, int64_t>>& padding,
+                      const Dims& lhs_dilation, const Dims& rhs_dilation, int64_t feature_groups) {
+  std::string pad = "dense<[";
+  for (size_t i = 0; i < padding.size(); ++i)
+    pad += (i ? ", [" : "[") + std::to_string(padding[i].first) + ", " + std::to_string(padding[i].second) + "]";
+  pad += "]> : tensor<" + std::to_string(padding.size()) + "x2xi64>";
+  return cx.op("stablehlo.convolution", {lhs, rhs}, dims, lhs.dtype,
+            "batch_group_count = 1 : i64, dimension_numbers = #stablehlo.conv<" + layout +
+                ">, feature_group_count = " + std::to_string(feature_groups) + " : i64, lhs_dilation = " +
+                i64_array(lhs_dilation) + ", padding = " + pad + ", rhs_dilation = " + i64_array(rhs_dilation) +
+                ", window_strides = " + i64_array(strides));
+}
+
+// out[b, o, p] = sum over taps k of x_padded[b, 0, p * stride + k * dilation] * w[o, 0, k]: each
+// tap a strided slice of the padded input broadcast over the output features, times the tap's
+// column of weights broadcast over batch and space, the products added in tap order. XLA fuses
+// the whole sum (and the bias and activation after it) into one elementwise loop.
+Operand conv_as_shifted_sum(LoweringContext& cx, const Operand& x, const Operand& w, const Dims& dims,
+                            const Dims& stride,
+                                     const Dims& padding, const Dims& dilation) {
+  const size_t spatial = x.dims.size() - 2;
+  const int64_t rank = static_cast<int64_t>(x.dims.size());
+  Dims low = {0, 0}, interior(x.dims.size(), 0), padded = x.dims;
+  for (size_t i = 0; i < spatial; ++i) {
+    low.push_back(padding[i]);
+    padded[i + 2] += 2 * padding[i];
+  }
+  const Operand xp = cx.op("stablehlo.pad", {x, cx.splat(0, {}, x.dtype)}, padded, x.dtype,
+                        "edge_padding_high = " + i64_array(low) + ", edge_padding_low = " + i64_array(low) +
+                            ", interior_padding = " + i64_array(interior));
+  int64_t taps = 1;
+  for (size_t i = 0; i < spatial; ++i) taps *= w.dims[i + 2];
+  const int64_t features = w.dims[0];
+  const Operand columns = cx.reshape(w, {features, taps});
+  Dims all(x.dims.size());
+  for (int64_t d = 0; d < rank; ++d) all[d] = d;
+  Dims window = dims;
+  window[1] = 1;
+  Operand sum;
+  for (int64_t k = 0; k < taps; ++k) {
+    Dims start = {0, 0}, limit = {x.dims[0], 1}, steps = {1, 1};
+    int64_t rest = k;
+    Dims offset(spatial);
+    for (size_t i = spatial; i-- > 0;) {
+      offset[i] = rest % w.dims[i + 2];
+      rest /= w.dims[i + 2];
+    }
+    for (size_t i = 0; i < spatial; ++i) {
+      start.push_back(offset[i] * dilation[i]);
+      limit.push_back(start.back() + (dims[i + 2] - 1) * stride[i] + 1);
+      steps.push_back(stride[i]);
+    }
+    const Operand shifted = cx.op("stablehlo.slice", {xp}, window, x.dtype,
+                               "limit_indices = " + i64_array(limit) + ", start_indices = " + i64_array(start) +
+                                   ", strides = " + i64_array(steps));
+    const Operand tap = cx.op("stablehlo.slice", {columns}, {features, 1}, x.dtype,
+                           "limit_indices = " + i64_array({features, k + 1}) + ", start_indices = " +
+                               i64_array({0, k}) + ", strides = " + i64_array({1, 1}));
+    const Operand product =
+        cx.mul(cx.op("stablehlo.broadcast_in_dim", {shifted}, dims, x.dtype, "broadcast_dimensions = " + i64_array(all)),
+            cx.op("stablehlo.broadcast_in_dim", {tap}, dims, x.dtype, "broadcast_dimensions = array<i64: 1, 0>"));
+    sum = k == 0 ? product : cx.add(sum, product);
+  }
+  return sum;
+}
+
+// A stablehlo.custom_call of host kernel `target` (xla/host_kernels.h) with the window of a
+// convolution node as its attributes, plus `extra` ("name = value, ").
+std::vector<Operand> host_call(LoweringContext& cx, const char* target, const std::vector<Operand>& args,
+                                        const std::vector<std::pair<Dims, c10::ScalarType>>& results,
+                                        const Dims& stride, const Dims& padding, const Dims& dilation, int64_t groups,
+                                        const std::string& extra) {
+  const std::string attrs = std::string("call_target_name = \"") + target +
+                            "\", api_version = 4 : i32, backend_config = {" + extra +
+                            "stride = " + i64_array(stride) + ", padding = " + i64_array(padding) +
+                            ", dilation = " + i64_array(dilation) + ", groups = " + std::to_string(groups) + " : i64}";
+  if (results.size() == 1) return {cx.op("stablehlo.custom_call", args, results[0].first, results[0].second, attrs)};
+  return cx.op_n("stablehlo.custom_call", args, results, attrs, "");
+}
+
+// (input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
+//
+// A convolution of one input feature (the MNIST CNN's first) is written as a shifted sum
+// (conv_as_shifted_sum) when it has groups 1, at most kMaxShiftedSumTaps taps and a float32 or
+// float64 result: XLA:CPU runs a stablehlo.convolution as Eigen's spatial convolution, whose
+// contraction over 1 x 5 x 5 values per output is 4-5x slower than the shifted sum's one fused
+// loop on the CNN's conv1 (bench/history/libtorch-1.13.md, `xla_op_bench`). Other convolutions are one
+// stablehlo.convolution in PyTorch's NCHW / OIHW layout (XLA's layout assignment moves the
+// features minor for Eigen by itself).
+void convolution(LoweringContext& cx, const Node* n) {
+  const c10::ScalarType t = cx.out_dtype(n);
+  const Operand x = cx.as(cx.in(n, 0), t), w = cx.as(cx.in(n, 1), t);
+  const size_t spatial = x.dims.size() - 2;
+  if (cx.bool_arg(n, 6, "transposed")) throw Unsupported{"transposed"};
+  const Dims stride = cx.spatial_arg(n, 3, "stride", spatial, {1});
+  const Dims padding = cx.spatial_arg(n, 4, "padding", spatial, {0}),
+             dilation = cx.spatial_arg(n, 5, "dilation", spatial, {1});
+  const int64_t groups = cx.int_arg(n, 8, "groups");
+  if (host_convolution(cx, t)) {
+    std::vector<Operand> args{x, w};
+    if (!cx.none_arg(n, 2)) args.push_back(cx.as(cx.in(n, 2), t));
+    const auto outs =
+        host_call(cx, host_kernels::kConvolution, args, {{cx.out_dims(n), t}}, stride, padding, dilation, groups, "");
+    cx.set(n, 0, outs[0]);
+    return;
+  }
+  int64_t taps = 1;
+  for (size_t i = 0; i < spatial; ++i) taps *= w.dims[i + 2];
+  Operand out;
+  if (x.dims[1] == 1 && groups == 1 && taps <= kMaxShiftedSumTaps && (t == c10::kFloat || t == c10::kDouble)) {
+    out = conv_as_shifted_sum(cx, x, w, cx.out_dims(n), stride, padding, dilation);
+  } else {
+    std::vector<std::pair<int64_t, int64_t>> pads;
+    for (int64_t p : padding) pads.emplace_back(p, p);
+    const std::string layout = conv_layout("b", "f", spatial) + "x" + conv_layout("o", "i", spatial) + "->" +
+                               conv_layout("b", "f", spatial);
+    out = conv(cx, x, w, layout, cx.out_dims(n), stride, pads, Dims(spatial, 1), dilation, groups);
+  }
+  if (!cx.none_arg(n, 2))
+    out = cx.add(out, cx.op("stablehlo.broadcast_in_dim", {cx.as(cx.in(n, 2), t)}, out.dims, t,
+                            "broadcast_dimensions = array<i64: 1>"));
+  cx.set(n, 0, out);
+}
+
+// (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+// groups, output_mask) -> (grad_input, grad_weight, grad_bias), as JAX differentiates a
+// convolution: grad_input is grad_output dilated by the stride, convolved with the kernel
+// reversed in space and its feature dims swapped; grad_weight convolves the input with
+// grad_output over the batch (batch and features exchanged); grad_bias sums grad_output over all
+// but its features. Outputs the mask leaves undefined must be unused.
+void convolution_backward(LoweringContext& cx, const Node* n) {
+  const c10::ScalarType t = cx.out_dtype(n, 1);
+  const Operand grad = cx.as(cx.in(n, 0), t), x = cx.as(cx.in(n, 1), t), w = cx.as(cx.in(n, 2), t);
+  const size_t spatial = x.dims.size() - 2;
+  if (cx.bool_arg(n, 7, "transposed")) throw Unsupported{"transposed"};
+  if (cx.int_arg(n, 9, "groups") != 1) throw Unsupported{"groups " + std::to_string(cx.int_arg(n, 9, "groups"))};
+  const Dims stride = cx.spatial_arg(n, 4, "stride", spatial, {1});
+  const Dims padding = cx.spatial_arg(n, 5, "padding", spatial, {0}),
+             dilation = cx.spatial_arg(n, 6, "dilation", spatial, {1});
+  const std::vector<bool> mask = cx.constant(n, 10, "output_mask").toBoolList().vec();
+  for (size_t i = 0; i < 3; ++i)
+    if (!mask.at(i) && cx.used(n->output(i))) throw Unsupported{"a use of undefined output " + std::to_string(i)};
+  if (host_convolution(cx, t)) {
+    std::vector<std::pair<Dims, c10::ScalarType>> results;
+    for (size_t i = 0; i < 3; ++i)
+      if (mask[i]) results.emplace_back(cx.out_dims(n, i), t);
+    const Dims flags{int64_t{mask[0]}, int64_t{mask[1]}, int64_t{mask[2]}};
+    const auto outs = host_call(cx, host_kernels::kConvolutionBackward, {grad, x, w}, results, stride, padding, dilation,
+                                1, "output_mask = " + i64_array(flags) + ", ");
+    for (size_t i = 0, j = 0; i < 3; ++i)
+      if (mask[i]) cx.set(n, i, outs[j++]);
+    return;
+  }
+  Dims spatial_dims;
+  for (size_t i = 0; i < spatial; ++i) spatial_dims.push_back(static_cast<int64_t>(i + 2));
+  if (mask[0]) {
+    std::vector<std::pair<int64_t, int64_t>> pads;
+    for (size_t i = 0; i < spatial; ++i) {
+      const int64_t extent = dilation[i] * (w.dims[i + 2] - 1);
+      const int64_t lo = extent - padding[i];
+      const int64_t hi = x.dims[i + 2] - 1 - (grad.dims[i + 2] - 1) * stride[i] - lo + extent;
+      pads.emplace_back(lo, hi);
+    }
+    const Operand flipped = cx.op("stablehlo.reverse", {w}, w.dims, t, "dimensions = " + i64_array(spatial_dims));
+    const std::string layout = conv_layout("b", "f", spatial) + "x" + conv_layout("i", "o", spatial) + "->" +
+                               conv_layout("b", "f", spatial);
+    cx.set(n, 0, conv(cx, grad, flipped, layout, x.dims, Dims(spatial, 1), pads, stride, dilation, 1));
+  }
+  if (mask[1]) {
+    std::vector<std::pair<int64_t, int64_t>> pads;
+    for (size_t i = 0; i < spatial; ++i) {
+      const int64_t hi = (w.dims[i + 2] - 1) * dilation[i] + (grad.dims[i + 2] - 1) * stride[i] + 1 - x.dims[i + 2] -
+                         padding[i];
+      pads.emplace_back(padding[i], hi);
+    }
+    const std::string layout = conv_layout("f", "b", spatial) + "x" + conv_layout("i", "o", spatial) + "->" +
+                               conv_layout("f", "b", spatial);
+    cx.set(n, 1, conv(cx, x, grad, layout, w.dims, dilation, pads, Dims(spatial, 1), stride, 1));
+  }
+  if (mask[2]) {
+    Dims dims = {0};
+    for (int64_t d : spatial_dims) dims.push_back(d);
+    // Summed in float32 for 16-bit floats, as at::sum.
+    const Operand sum = cx.reduce(cx.as(grad, accumulation_type(t)), dims, "stablehlo.add", 0);
+    cx.set(n, 2, cx.reshape(cx.as(sum, cx.out_dtype(n, 2)), cx.out_dims(n, 2)));
+  }
+}
+
+}  // namespace
+
+void add_conv_rules(RuleTable& table) {
+  table.add("aten::convolution", convolution);
+  table.add("aten::convolution_backward", convolution_backward);
+}
+
+}  // namespace fulgur::xla::stablehlo

@@ -1,0 +1,157 @@
+// Reduction rules: sum and mean, vector norms, max and min (whole, or along a dim with indices).
+// 16-bit floats accumulate in float32 and round once, as libtorch's kernels do.
+
+#include "xla/stablehlo/lowering.h"
+
+#include <cmath>
+#include <limits>
+
+namespace fulgur::xla::stablehlo {
+namespace {
+
+// sum(self, dim, keepdim, dtype), sum(self, dtype), mean(...) alike: reduced in the output's
+// dtype; mean divides the sum by the number of elements reduced.
+void sum_or_mean(LoweringContext& cx, const Node* n, bool mean) {
+  const c10::ScalarType out = cx.out_dtype(n);
+  // 16-bit floats are summed and divided in float32 and rounded once at the end, as libtorch's
+  // kernels accumulate them (a bf16 running sum stops growing at 256 + 1, and a count such as
+  // 67,600 is not a bf16 number).
+  const c10::ScalarType t = accumulation_type(out);
+  const Operand x = cx.as(cx.in(n, 0), t);
+  Dims dims;
+  if (n->inputs().size() > 2) {
+    dims = cx.reduced_dims(n, 1, x.dims.size());
+  } else {
+    for (size_t d = 0; d < x.dims.size(); ++d) dims.push_back(static_cast<int64_t>(d));
+  }
+  int64_t count = 1;
+  for (int64_t d : dims) count *= x.dims[d];
+  Operand r = cx.reduce(x, dims, "stablehlo.add", 0);
+  if (mean) r = cx.binary("stablehlo.divide", r, Operand{"", {}, c10::kLong, Tier::number, c10::Scalar(count)}, t);
+  cx.set(n, 0, cx.reshape(cx.as(r, out), cx.out_dims(n)));
+}
+
+void sum(LoweringContext& cx, const Node* n) { sum_or_mean(cx, n, false); }
+void mean(LoweringContext& cx, const Node* n) { sum_or_mean(cx, n, true); }
+
+// (self, p?, dim, keepdim): the p-norm over `dim` (every dim for []), as torch.norm: p = 2 when
+// None; inf the largest |x|, -inf the smallest, 0 the count of nonzero elements, else
+// (sum |x|^p)^(1/p). The lazy core passes p as a graph input (a 0-d tensor read by
+// ScalarImplicit), so the program computes the norms p may ask for and selects the one p names
+// when it runs; a p known when the graph is emitted gets its norm alone. fulgur's norm
+// gradient clipping (gradient_clip_val) runs this for every gradient.
+void norm(LoweringContext& cx, const Node* n) {
+  if (n->inputs().size() != 4) throw Unsupported{"an overload of " + std::to_string(n->inputs().size()) + " arguments"};
+  const c10::ScalarType out = cx.out_dtype(n), t = accumulation_type(out);
+  const Operand a = cx.unary("stablehlo.abs", cx.as(cx.in(n, 0), t));
+  const Dims dims = cx.reduced_dims(n, 2, a.dims.size());
+  const double inf = std::numeric_limits<double>::infinity();
+  auto sum = [&](const Operand& v) { return cx.reduce(v, dims, "stablehlo.add", 0); };
+  auto two = [&] { return cx.unary("stablehlo.sqrt", sum(cx.mul(a, a))); };
+  auto largest = [&] { return cx.reduce_nan(a, dims, "stablehlo.maximum", 0); };
+  auto smallest = [&] { return cx.reduce_nan(a, dims, "stablehlo.minimum", inf); };
+  auto nonzero = [&] {
+    return sum(cx.select(cx.compare("NE", a, cx.splat(0, {}, t), t), cx.splat(1, {}, t), cx.splat(0, {}, t)));
+  };
+  auto general = [&](const Operand& p) {
+    const Operand root = cx.binary("stablehlo.divide", cx.splat(1, {}, t), p, t);
+    return cx.binary("stablehlo.power", sum(cx.binary("stablehlo.power", a, p, t)), root, t);
+  };
+  Operand r;
+  if (cx.none_arg(n, 1)) {
+    r = two();
+  } else if (const Operand& p = cx.in(n, 1); p.constant) {
+    const double v = p.constant->toDouble();
+    r = v == 2 ? two() : v == inf ? largest() : v == -inf ? smallest() : v == 0 ? nonzero() : general(p);
+  } else {
+    const Operand pt = cx.as(p, t);
+    auto is = [&](double v) { return cx.compare("EQ", pt, number(v), t); };
+    r = cx.select(is(2), two(), general(pt));
+    r = cx.select(is(inf), largest(), r);
+    r = cx.select(is(-inf), smallest(), r);
+    r = cx.select(is(0), nonzero(), r);
+  }
+  cx.set(n, 0, cx.reshape(cx.as(r, out), cx.out_dims(n)));
+}
+
+// The region of a variadic reduce over (value, index) pairs that keeps the better value
+// (`direction` GT for max, LT for min) and, of equal ones, the smaller index; a NaN beats any
+// number and the first of several NaNs wins, as libtorch's max and min along a dim.
+std::string arg_region(LoweringContext& cx, c10::ScalarType t, const char* direction) {
+  const std::string v = mlir_type({}, t), l = mlir_type({}, c10::kLong), p = mlir_type({}, c10::kBool);
+  const std::string a = cx.fresh(), ai = cx.fresh(), b = cx.fresh(), bi = cx.fresh(), better = cx.fresh(),
+                    eq = cx.fresh(), first = cx.fresh(), a_nan = cx.fresh(), b_nan = cx.fresh(), b_num = cx.fresh(),
+                    tie = cx.fresh(), wins = cx.fresh(), by_value = cx.fresh(), nan_first = cx.fresh(),
+                    nan_pick = cx.fresh(), pick = cx.fresh(), rv = cx.fresh(), ri = cx.fresh();
+  auto cmp = [&](const std::string& r, const std::string& x, const std::string& y, const std::string& ty,
+                 const char* dir) {
+    return "      " + r + " = \"stablehlo.compare\"(" + x + ", " + y +
+           ") {comparison_direction = #stablehlo<comparison_direction " + dir + ">} : (" + ty + ", " + ty + ") -> " +
+           p + "\n";
+  };
+  auto logic = [&](const std::string& r, const char* what, const std::string& x, const std::string& y) {
+    return "      " + r + " = \"stablehlo." + what + "\"(" + x + ", " + y + ") : (" + p + ", " + p + ") -> " + p + "\n";
+  };
+  return "{\n    ^bb0(" + a + ": " + v + ", " + ai + ": " + l + ", " + b + ": " + v + ", " + bi + ": " + l + "):\n" +
+         cmp(better, a, b, v, direction) + cmp(eq, a, b, v, "EQ") + cmp(first, ai, bi, l, "LT") +
+         cmp(a_nan, a, a, v, "NE") + cmp(b_nan, b, b, v, "NE") + "      " + b_num + " = \"stablehlo.not\"(" + b_nan +
+         ") : (" + p + ") -> " + p + "\n" + logic(tie, "and", eq, first) + logic(wins, "or", better, tie) +
+         logic(by_value, "and", b_num, wins) + logic(nan_first, "or", b_num, first) +
+         logic(nan_pick, "and", a_nan, nan_first) + logic(pick, "or", nan_pick, by_value) + "      " + rv +
+         " = \"stablehlo.select\"(" + pick + ", " + a + ", " + b + ") : (" + p + ", " + v + ", " + v + ") -> " + v +
+         "\n      " + ri + " = \"stablehlo.select\"(" + pick + ", " + ai + ", " + bi + ") : (" + p + ", " + l + ", " +
+         l + ") -> " + l + "\n      \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + v + ", " + l + ") -> ()\n    }";
+}
+
+// max(self) / min(self): the largest (smallest) element, NaN if any is NaN. max(self, dim,
+// keepdim) / min(...): (values, indices) along dim, the first index of the extreme value
+// (arg_region). `is_max` picks which.
+void extreme(LoweringContext& cx, const Node* n, bool is_max) {
+  const Operand x = cx.materialized(cx.in(n, 0));
+  const c10::ScalarType t = x.dtype;
+  if (t == c10::kBool) throw Unsupported{"a bool input"};
+  const c10::Scalar init = is_floating(t) ? c10::Scalar(is_max ? -std::numeric_limits<double>::infinity()
+                                                                : std::numeric_limits<double>::infinity())
+                                          : c10::Scalar(is_max ? std::numeric_limits<int64_t>::lowest()
+                                                               : std::numeric_limits<int64_t>::max());
+  const char* body = is_max ? "stablehlo.maximum" : "stablehlo.minimum";
+  Dims all;
+  for (size_t d = 0; d < x.dims.size(); ++d) all.push_back(static_cast<int64_t>(d));
+  if (n->inputs().size() == 1) {
+    cx.set(n, 0, cx.reshape(cx.reduce_nan(x, all, body, init), cx.out_dims(n)));
+    return;
+  }
+  if (n->inputs().size() != 3 || n->outputs().size() != 2)
+    throw Unsupported{"an overload of " + std::to_string(n->inputs().size()) + " arguments"};
+  if (x.dims.empty()) {  // a 0-d tensor: itself, at index 0
+    cx.set(n, 0, x);
+    cx.set(n, 1, cx.splat(0, {}, c10::kLong));
+    return;
+  }
+  const int64_t dim = wrap_dim(cx.int_arg(n, 1, "dim"), x.dims.size());
+  Dims reduced;
+  for (size_t d = 0; d < x.dims.size(); ++d)
+    if (static_cast<int64_t>(d) != dim) reduced.push_back(x.dims[d]);
+  const Operand index =
+      cx.op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(dim) + " : i64");
+  const Operand no_index = cx.splat(std::numeric_limits<int64_t>::max(), {}, c10::kLong);
+  const std::vector<Operand> outs =
+      cx.op_n("stablehlo.reduce", {x, index, cx.splat(init, {}, t), no_index}, {{reduced, t}, {reduced, c10::kLong}},
+              "dimensions = " + i64_array({dim}), arg_region(cx, t, is_max ? "GT" : "LT"));
+  cx.set(n, 0, cx.reshape(outs[0], cx.out_dims(n, 0)));
+  cx.set(n, 1, cx.reshape(cx.as(outs[1], cx.out_dtype(n, 1)), cx.out_dims(n, 1)));
+}
+void max(LoweringContext& cx, const Node* n) { extreme(cx, n, true); }
+void min(LoweringContext& cx, const Node* n) { extreme(cx, n, false); }
+
+}  // namespace
+
+void add_reduce_rules(RuleTable& table) {
+  table.add("aten::sum", sum);
+  table.add("aten::mean", mean);
+  table.add("aten::norm", norm);
+  table.add("aten::max", max);
+  table.add("aten::min", min);
+}
+
+}  // namespace fulgur::xla::stablehlo

@@ -1,0 +1,603 @@
+// Per-op tests of the StableHLO lowering rules of the op families (src/xla/stablehlo/rules/) on
+// the lazy device itself: each op, and what autograd traces for its backward, runs on eager CPU
+// tensors and on xla tensors (the pjrt backend, the real CPU plugin), in the graphs libtorch's
+// lazy core makes. Results and gradients must agree with eager libtorch's, and nothing may leave
+// XLA: no graph kept on TorchScript (xla_fallbacks) and no op run eagerly on the host
+// (eager_fallbacks), except where a test names an op the lazy core itself has no node for.
+//
+// Tolerances: float32 1e-5 relative + 1e-6 absolute (XLA's transcendental functions are not
+// Sleef's; sums in another order); bfloat16 1e-2 relative + 1e-2 absolute (one rounding, 2^-8
+// relative, where libtorch rounds an intermediate XLA keeps in float32). NaN where libtorch has
+// NaN. Bool and integer results exactly.
+//
+// Each test runs in its own process (CTest), so the backend's counters start at zero.
+
+#include "support.h"
+
+#include "xla/stablehlo/lowering.h"
+
+#include <fulgur/xla/backend.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+using namespace fulgur;
+using torch::indexing::None;
+using torch::indexing::Slice;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+
+struct Tolerance {
+  double rtol = 1e-5;
+  double atol = 1e-6;
+};
+const Tolerance kBf16{1e-2, 1e-2};
+
+using Fn = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
+
+void expect_close(const torch::Tensor& got, const torch::Tensor& want, const Tolerance& tol, const std::string& what) {
+  ASSERT_EQ(got.scalar_type(), want.scalar_type()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  if (want.is_floating_point()) {
+    EXPECT_TRUE(torch::allclose(got.to(torch::kDouble), want.to(torch::kDouble), tol.rtol, tol.atol, true))
+        << what << ": largest difference " << (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().nan_to_num(0).max().item<double>()
+        << (want.numel() <= 64 ? "\ngot\n" + c10::str(got) + "\nwant\n" + c10::str(want) : "");
+  } else {
+    EXPECT_TRUE(torch::equal(got, want)) << what << "\ngot\n" << got << "\nwant\n" << want;
+  }
+}
+
+// The ops that left XLA since `before`: graphs kept on TorchScript by op, ops run eagerly.
+std::string new_fallbacks(const xla::BackendMetrics& before, const std::set<std::string>& allowed_eager) {
+  const xla::BackendMetrics after = xla::metrics();
+  std::string out;
+  for (const auto& [op, count] : after.xla_fallbacks)
+    if (!before.xla_fallbacks.count(op) || before.xla_fallbacks.at(op) != count) out += " on TorchScript: " + op;
+  for (const auto& [op, count] : after.eager_fallbacks)
+    if ((!before.eager_fallbacks.count(op) || before.eager_fallbacks.at(op) != count) && !allowed_eager.count(op))
+      out += " eager: " + op;
+  return out;
+}
+
+struct Options {
+  Tolerance tol;
+  // Whether the floating inputs require gradients: the output's backward (with an upstream
+  // gradient of random values) runs too, and the gradients are compared.
+  bool backward = true;
+  // Ops the lazy core runs eagerly because it has no node for them (named by the test).
+  std::set<std::string> allowed_eager;
+  // With backward: how many leading floating inputs require gradients (the others are data,
+  // such as a loss's target).
+  size_t grad_inputs = SIZE_MAX;
+};
+
+// Runs `f` on `inputs` on the CPU and on xla copies of them, and compares the results (and the
+// inputs' gradients) after a step mark; fails if anything left XLA.
+void check_op(const std::string& label, const Fn& f, const std::vector<torch::Tensor>& inputs, const Options& o = {}) {
+  SCOPED_TRACE(label);
+  const c10::Device dev = xla::backend().device();
+  std::vector<torch::Tensor> cpu, lazy;
+  for (const auto& t : inputs) {
+    const bool grad = o.backward && t.is_floating_point() && cpu.size() < o.grad_inputs;
+    cpu.push_back(t.clone().requires_grad_(grad));
+    lazy.push_back(t.to(dev).detach().requires_grad_(grad));
+  }
+  const torch::Tensor want = f(cpu);
+  torch::Tensor upstream;
+  if (o.backward) {
+    upstream = torch::randn(want.sizes()).to(want.scalar_type());
+    want.backward(upstream);
+  }
+  const xla::BackendMetrics before = xla::metrics();
+  const torch::Tensor got_lazy = f(lazy);
+  if (o.backward) got_lazy.backward(upstream.to(dev));
+  xla::mark_step();
+  expect_close(got_lazy.detach().cpu(), want.detach(), o.tol, label + ": result");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!cpu[i].requires_grad()) continue;
+    ASSERT_TRUE(lazy[i].grad().defined()) << label << ": no gradient of input " << i;
+    expect_close(lazy[i].grad().cpu(), cpu[i].grad(), o.tol, label + ": gradient of input " + std::to_string(i));
+  }
+  EXPECT_EQ(new_fallbacks(before, o.allowed_eager), "") << xla::metrics_report();
+  EXPECT_GT(xla::metrics().xla_executions, before.xla_executions) << "nothing ran on XLA";
+}
+
+Options bf16_options(Options o = {}) {
+  o.tol = kBf16;
+  return o;
+}
+
+// Values with the edges an elementwise op must get right: zeros of both signs, ±inf, NaN, ties.
+torch::Tensor edges(torch::Dtype dtype = torch::kFloat) {
+  return torch::tensor({0.0, -0.0, 1.0, -1.0, 0.5, 3.0, -20.0, 20.0, kInf, -kInf, kNan, 1.0}, torch::kDouble).to(dtype);
+}
+
+}  // namespace
+
+// tanh, sigmoid, exp, log, rsqrt, neg, abs and their backwards (tanh_backward,
+// sigmoid_backward, sgn for abs): several shapes, float32 and bfloat16, and the edge values.
+TEST(XlaOps, UnaryMathAndItsBackwards) {
+  torch::manual_seed(1);
+  const std::vector<std::pair<std::string, Fn>> ops = {
+      {"tanh", [](const auto& x) { return x[0].tanh(); }},
+      {"sigmoid", [](const auto& x) { return x[0].sigmoid(); }},
+      {"exp", [](const auto& x) { return x[0].exp(); }},
+      {"log", [](const auto& x) { return (x[0].abs() + 0.1).log(); }},
+      {"rsqrt", [](const auto& x) { return (x[0].abs() + 0.1).rsqrt(); }},
+      {"neg and abs", [](const auto& x) { return -x[0].abs() * 3; }},
+  };
+  for (const auto& [name, f] : ops) {
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{}, {7}, {3, 4, 5}}) {
+      check_op(name + " " + c10::str(shape), f, {torch::randn(shape) * 3});
+      check_op(name + " bf16 " + c10::str(shape), f, {(torch::randn(shape) * 3).to(torch::kBFloat16)}, bf16_options());
+    }
+  }
+  // Edge values without gradients (the derivative at ±inf and NaN is NaN on both sides, but
+  // libtorch's log at 0 and exp at inf meet inf - inf in the backward differently).
+  Options forward_only;
+  forward_only.backward = false;
+  for (const auto& [name, f] : std::vector<std::pair<std::string, Fn>>{
+           {"tanh", [](const auto& x) { return x[0].tanh(); }},
+           {"sigmoid", [](const auto& x) { return x[0].sigmoid(); }},
+           {"exp", [](const auto& x) { return x[0].exp(); }},
+           {"log", [](const auto& x) { return x[0].log(); }},
+           {"rsqrt", [](const auto& x) { return x[0].rsqrt(); }},
+           {"abs", [](const auto& x) { return x[0].abs(); }},
+           {"neg", [](const auto& x) { return -x[0]; }},
+           {"sgn", [](const auto& x) { return x[0].sgn(); }}}) {
+    check_op(name + " of edge values", f, {edges()}, forward_only);
+    Options bf16 = bf16_options(forward_only);
+    check_op(name + " of edge values, bf16", f, {edges(torch::kBFloat16)}, bf16);
+  }
+}
+
+// lt, le, gt, ge, ne, eq: tensor against tensor (broadcasting both ways), against a number,
+// float against int (compared in the promoted type), ties, ±inf and NaN (only ne is true).
+TEST(XlaOps, ComparisonsBroadcastPromoteAndTreatNanAsIeee) {
+  torch::manual_seed(2);
+  Options o;
+  o.backward = false;
+  const std::vector<std::pair<std::string, std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>>> ops =
+      {{"lt", [](const auto& a, const auto& b) { return a < b; }},  {"le", [](const auto& a, const auto& b) { return a <= b; }},
+       {"gt", [](const auto& a, const auto& b) { return a > b; }},  {"ge", [](const auto& a, const auto& b) { return a >= b; }},
+       {"ne", [](const auto& a, const auto& b) { return a != b; }}, {"eq", [](const auto& a, const auto& b) { return a == b; }}};
+  for (const auto& [name, cmp] : ops) {
+    const Fn tensors = [cmp = cmp](const auto& x) { return cmp(x[0], x[1]); };
+    // Ties: integers drawn from a small range, as floats.
+    check_op(name + " [4,5] with [5]", tensors,
+             {torch::randint(3, {4, 5}).to(torch::kFloat), torch::randint(3, {5}).to(torch::kFloat)}, o);
+    check_op(name + " [3,1] with [1,4]", tensors, {torch::randn({3, 1}), torch::randn({1, 4})}, o);
+    check_op(name + " edges with edges reversed", tensors, {edges(), edges().flip(0)}, o);
+    check_op(name + " bf16 edges with float32", tensors, {edges(torch::kBFloat16), edges().flip(0)}, o);
+    check_op(name + " int64 with float32", tensors,
+             {torch::tensor({1, 2, 3, -4}, torch::kLong), torch::tensor({1.5, 2.0, -kInf, kNan}, torch::kFloat)}, o);
+    check_op(name + " with a number", [cmp = cmp](const auto& x) { return cmp(x[0], torch::scalar_tensor(0.5)); },
+             {edges()}, o);
+    check_op(name + " with a number, via Scalar", [name = name](const auto& x) {
+      return name == "lt"   ? x[0].lt(0.5)
+             : name == "le" ? x[0].le(0.5)
+             : name == "gt" ? x[0].gt(0.5)
+             : name == "ge" ? x[0].ge(0.5)
+             : name == "ne" ? x[0].ne(0.5)
+                            : x[0].eq(0.5);
+    }, {edges()}, o);
+  }
+}
+
+// maximum, minimum (NaN wins, as in torch.maximum) and clamp: both bounds, one bound (clamp_min;
+// clamp(max=) is aten::clamp), min > max, NaN and ±inf. Forward only: their backwards need
+// aten::where.self, for which libtorch's lazy core has no node, and clamp's needs
+// aten::logical_and, which it cannot run on lazy tensors at all. Tensor bounds (clamp.Tensor)
+// have no lazy node either.
+TEST(XlaOps, MaximumMinimumAndClampPropagateNan) {
+  torch::manual_seed(3);
+  Options o;
+  o.backward = false;
+  check_op("maximum", [](const auto& x) { return torch::maximum(x[0], x[1]); }, {edges(), edges().flip(0)}, o);
+  check_op("minimum", [](const auto& x) { return torch::minimum(x[0], x[1]); }, {edges(), edges().flip(0)}, o);
+  check_op("maximum [3,4] with [4]", [](const auto& x) { return torch::maximum(x[0], x[1]); },
+           {torch::randn({3, 4}), torch::randn({4})}, o);
+  check_op("clamp(-0.5, 0.5)", [](const auto& x) { return x[0].clamp(-0.5, 0.5); }, {edges()}, o);
+  check_op("clamp(min=-0.5)", [](const auto& x) { return x[0].clamp_min(-0.5); }, {edges()}, o);
+  check_op("clamp(max=0.5)", [](const auto& x) { return x[0].clamp(std::nullopt, 0.5); }, {edges()}, o);
+  check_op("clamp with min > max", [](const auto& x) { return x[0].clamp(1.0, -1.0); }, {edges()}, o);
+  check_op("clamp bf16", [](const auto& x) { return x[0].clamp(-0.5, 2.0); }, {edges(torch::kBFloat16)},
+           bf16_options(o));
+  check_op("clamp of int64", [](const auto& x) { return x[0].clamp(-2, 3); },
+           {torch::arange(-5, 6, torch::kLong)}, o);
+}
+
+// masked_fill with a number (-inf, as attention masks use it, and a finite one) and a 0-d
+// tensor value, a mask broadcast over leading dims, and its backward (the gradient masked).
+TEST(XlaOps, MaskedFillAndItsBackward) {
+  torch::manual_seed(4);
+  const auto causal = torch::ones({4, 4}).triu(1).to(torch::kBool);
+  check_op("-inf above the diagonal, then softmax", [&](const auto& x) {
+    return torch::softmax(x[0].masked_fill(causal.to(x[0].device()), -kInf), -1);
+  }, {torch::randn({2, 4, 4})});
+  check_op("a number", [](const auto& x) { return x[0].masked_fill(x[1], 7.5); },
+           {torch::randn({3, 5}), torch::randn({3, 5}) > 0});
+  check_op("a 0-d tensor value, mask [5] over [3, 5]",
+           [](const auto& x) { return x[0].masked_fill(x[1], torch::scalar_tensor(-2.0).to(x[0].device())); },
+           {torch::randn({3, 5}), torch::randn({5}) > 0});
+  check_op("bf16", [](const auto& x) { return x[0].masked_fill(x[1], -1e4); },
+           {torch::randn({3, 5}).to(torch::kBFloat16), torch::randn({3, 5}) > 0}, bf16_options());
+}
+
+// triu and tril over the last two dims, diagonals below, on and above, batched, with their
+// backwards (the same mask on the gradient).
+TEST(XlaOps, TriuTrilAndTheirBackwards) {
+  torch::manual_seed(5);
+  for (int64_t d : {-1, 0, 2}) {
+    check_op("triu " + std::to_string(d), [d](const auto& x) { return x[0].triu(d); }, {torch::randn({4, 6})});
+    check_op("tril " + std::to_string(d), [d](const auto& x) { return x[0].tril(d); }, {torch::randn({2, 3, 5, 4})});
+  }
+  check_op("triu bf16", [](const auto& x) { return x[0].triu(1); }, {torch::randn({5, 5}).to(torch::kBFloat16)},
+           bf16_options());
+  Options o;
+  o.backward = false;
+  check_op("a causal mask made on the device", [](const auto& x) {
+    return torch::ones({4, 4}, torch::TensorOptions().device(x[0].device())).triu(1) * x[0];
+  }, {torch::randn({4, 4})}, o);
+}
+
+// Slicing (slice_copy) with steps, negative and out-of-range bounds, narrow and tensor indexing,
+// and the backward's slice_scatter. The backward also runs one aten::copy eagerly: libtorch's
+// lazy core has no node for the functional copy that slice_backward's copy_ into a zero tensor
+// becomes.
+TEST(XlaOps, SlicingAndItsBackward) {
+  torch::manual_seed(6);
+  Options o;
+  o.allowed_eager = {"aten::copy"};
+  check_op("slice(1, 1, 5, 2)", [](const auto& x) { return x[0].slice(1, 1, 5, 2) * 2; }, {torch::randn({4, 6})}, o);
+  check_op("slice(0, -3, 100, 3)", [](const auto& x) { return x[0].slice(0, -3, 100, 3) * 2; }, {torch::randn({8, 3})}, o);
+  check_op("narrow(2, 1, 2)", [](const auto& x) { return x[0].narrow(2, 1, 2) * 2; }, {torch::randn({2, 3, 4})}, o);
+  check_op("[1:, :-1]", [](const auto& x) { return x[0].index({Slice(1, None), Slice(None, -1)}) * 2; },
+           {torch::randn({4, 6})}, o);
+  check_op("bf16 [:, ::2]", [](const auto& x) { return x[0].index({Slice(), Slice(None, None, 2)}) * 2; },
+           {torch::randn({3, 7}).to(torch::kBFloat16)}, bf16_options(o));
+}
+
+// permute (and its backward, the inverse permute), squeeze and unsqueeze.
+TEST(XlaOps, PermuteSqueezeUnsqueezeAndTheirBackwards) {
+  torch::manual_seed(7);
+  check_op("permute(2, 0, 1)", [](const auto& x) { return x[0].permute({2, 0, 1}) * x[1]; },
+           {torch::randn({2, 3, 4}), torch::randn({3})});
+  check_op("permute(0, 2, 1, 3) bf16", [](const auto& x) { return x[0].permute({0, 2, 1, 3}) * 2; },
+           {torch::randn({2, 3, 4, 5}).to(torch::kBFloat16)}, bf16_options());
+  check_op("squeeze then unsqueeze", [](const auto& x) { return x[0].squeeze(1).unsqueeze(0) * 2; },
+           {torch::randn({4, 1, 5})});
+}
+
+// index_select along each dim, with repeated indices, int32 and int64 indices. Forward only: its
+// backward is aten::index_add, for which libtorch's lazy core has no node.
+TEST(XlaOps, IndexSelect) {
+  torch::manual_seed(8);
+  Options o;
+  o.backward = false;
+  const auto x = torch::randn({5, 4, 3});
+  for (int64_t dim : {0, 1, 2}) {
+    const auto index = torch::tensor({2, 0, 2, 1}, torch::kLong).remainder(x.size(dim));
+    check_op("dim " + std::to_string(dim), [dim](const auto& v) { return v[0].index_select(dim, v[1]); }, {x, index}, o);
+    check_op("dim " + std::to_string(dim) + ", int32 index",
+             [dim](const auto& v) { return v[0].index_select(dim, v[1]); }, {x, index.to(torch::kInt)}, o);
+  }
+  check_op("bf16", [](const auto& v) { return v[0].index_select(0, v[1]); },
+           {x.to(torch::kBFloat16), torch::tensor({4, 4, 0}, torch::kLong)}, bf16_options(o));
+}
+
+// aten::norm with p 2 (the default), 1, 3, inf, -inf and 0, over all dims and over some with
+// keepdim; the lazy core passes p as data, so one program serves every p. With the backward
+// (eq, div, masked_fill), an all-zero input included (its gradient is 0, not NaN).
+TEST(XlaOps, NormOfEveryOrderAndItsBackward) {
+  torch::manual_seed(9);
+  for (double p : {2.0, 1.0, 3.0, kInf, -kInf, 0.0}) {
+    Options o;
+    o.backward = p == 2.0 || p == 1.0 || p == 3.0;
+    const std::string name = "p " + std::to_string(p);
+    check_op(name, [p](const auto& x) { return x[0].norm(p); }, {torch::randn({4, 5})}, o);
+    check_op(name + " over dim 1, keepdim", [p](const auto& x) { return x[0].norm(p, {1}, true); },
+             {torch::randn({3, 4, 5})}, o);
+    check_op(name + " bf16 of 4096", [p](const auto& x) { return x[0].norm(p); },
+             {torch::randn({4096}).to(torch::kBFloat16)}, bf16_options(o));
+  }
+  check_op("2-norm of zeros", [](const auto& x) { return x[0].norm(2); }, {torch::zeros({3, 2})});
+  Options forward_only;
+  forward_only.backward = false;
+  for (double p : {2.0, kInf, -kInf, 0.0})
+    check_op("norm " + std::to_string(p) + " with inf and nan", [p](const auto& x) { return x[0].norm(p); }, {edges()},
+             forward_only);
+  check_op("inf-norm with inf, no nan", [](const auto& x) { return x[0].norm(kInf); }, {edges().slice(0, 0, 10)},
+           forward_only);
+}
+
+// max and min of a whole tensor (NaN if any is NaN), and max along a dim with its indices (the
+// first of ties, the first NaN: metrics take an argmax so, since libtorch's lazy core has no node
+// for argmax), in float32, bfloat16 and int64, keepdim both ways. min along a dim has no lazy
+// node either (aten::min.dim runs eagerly).
+TEST(XlaOps, MaxAndMinWithIndicesTiesAndNan) {
+  torch::manual_seed(13);
+  Options o;
+  o.backward = false;
+  // Ties: integers from a small range; a NaN and ±inf in some rows.
+  auto ties = torch::randint(4, {6, 7}).to(torch::kFloat);
+  ties[1][3] = kNan;
+  ties[1][5] = kNan;
+  ties[2][0] = kInf;
+  ties[3][6] = -kInf;
+  for (const auto& [name, x] : std::vector<std::pair<std::string, torch::Tensor>>{
+           {"float32", ties}, {"bf16", ties.to(torch::kBFloat16)}, {"int64", torch::randint(-3, 3, {6, 7}, torch::kLong)}}) {
+    for (int64_t dim : {0, 1, -1}) {
+      for (bool keep : {false, true}) {
+        const std::string label = name + " dim " + std::to_string(dim) + (keep ? " keepdim" : "");
+        check_op("max values " + label, [dim, keep](const auto& v) { return std::get<0>(v[0].max(dim, keep)); }, {x}, o);
+        check_op("max indices " + label, [dim, keep](const auto& v) { return std::get<1>(v[0].max(dim, keep)); }, {x}, o);
+      }
+    }
+    check_op("max of all " + name, [](const auto& v) { return v[0].max(); }, {x}, o);
+    check_op("min of all " + name, [](const auto& v) { return v[0].min(); }, {x}, o);
+    check_op("max of all but the NaN row " + name, [](const auto& v) { return v[0].slice(0, 2).max(); }, {x}, o);
+  }
+  check_op("argmax of logits, as a metric", [](const auto& v) { return std::get<1>(v[0].max(1)) == v[1]; },
+           {torch::randn({16, 10}), torch::randint(10, {16}, torch::kLong)}, o);
+}
+
+// binary_cross_entropy (mean, sum, none; with weights; inputs at 0 and 1, where libtorch clamps
+// the log at -100) and binary_cross_entropy_with_logits (log_sigmoid_forward, sigmoid), with
+// their backwards.
+TEST(XlaOps, BinaryCrossEntropyAndItsBackward) {
+  torch::manual_seed(10);
+  namespace F = torch::nn::functional;
+  const auto p = torch::rand({6, 5}) * 0.98 + 0.01, y = torch::rand({6, 5});
+  Options o;
+  o.grad_inputs = 1;
+  for (const auto& [name, reduction] : std::vector<std::pair<std::string, F::BinaryCrossEntropyFuncOptions::reduction_t>>{
+           {"mean", torch::kMean}, {"sum", torch::kSum}, {"none", torch::kNone}}) {
+    check_op("bce " + name, [reduction = reduction](const auto& x) {
+      return F::binary_cross_entropy(x[0], x[1], F::BinaryCrossEntropyFuncOptions().reduction(reduction));
+    }, {p, y}, o);
+    check_op("bce weighted " + name, [reduction = reduction](const auto& x) {
+      return F::binary_cross_entropy(x[0], x[1], F::BinaryCrossEntropyFuncOptions().reduction(reduction).weight(x[2]));
+    }, {p, y, torch::rand({5})}, o);
+  }
+  Options forward_only;
+  forward_only.backward = false;
+  check_op("bce at 0 and 1", [](const auto& x) {
+    return F::binary_cross_entropy(x[0], x[1], F::BinaryCrossEntropyFuncOptions().reduction(torch::kNone));
+  }, {torch::tensor({0.0f, 1.0f, 0.0f, 1.0f, 0.5f}), torch::tensor({0.0f, 1.0f, 1.0f, 0.0f, 0.5f})}, forward_only);
+  check_op("bce bf16", [](const auto& x) { return F::binary_cross_entropy(x[0], x[1]); },
+           {p.to(torch::kBFloat16), y.to(torch::kBFloat16)}, bf16_options(o));
+  check_op("bce with logits", [](const auto& x) { return F::binary_cross_entropy_with_logits(x[0], x[1]); },
+           {torch::randn({6, 5}) * 4, y}, o);
+  check_op("log_sigmoid", [](const auto& x) { return torch::log_sigmoid(x[0]); }, {torch::randn({6, 5}) * 10});
+}
+
+// smooth_l1_loss with beta 1, 0.5 and 0 (the L1 loss), each reduction, with its backward; values
+// on both sides of beta and ties at ±beta.
+TEST(XlaOps, SmoothL1LossAndItsBackward) {
+  torch::manual_seed(11);
+  namespace F = torch::nn::functional;
+  const auto a = torch::randn({8, 3}) * 2, b = torch::randn({8, 3});
+  for (double beta : {1.0, 0.5, 0.0}) {
+    for (const auto& [name, reduction] : std::vector<std::pair<std::string, F::SmoothL1LossFuncOptions::reduction_t>>{
+             {"mean", torch::kMean}, {"sum", torch::kSum}, {"none", torch::kNone}}) {
+      check_op("beta " + std::to_string(beta) + " " + name, [beta, reduction = reduction](const auto& x) {
+        return F::smooth_l1_loss(x[0], x[1], F::SmoothL1LossFuncOptions().reduction(reduction), beta);
+      }, {a, b});
+    }
+  }
+  check_op("ties at beta", [](const auto& x) {
+    return F::smooth_l1_loss(x[0], x[1], F::SmoothL1LossFuncOptions().reduction(torch::kSum), 0.5);
+  }, {torch::tensor({0.5f, -0.5f, 0.0f, 2.0f}), torch::zeros({4})});
+  check_op("bf16", [](const auto& x) { return F::smooth_l1_loss(x[0], x[1]); },
+           {a.to(torch::kBFloat16), b.to(torch::kBFloat16)}, bf16_options());
+}
+
+// avg_pool2d (kernel 2; kernel 3 stride 2 padding 1 with count_include_pad true and false; a
+// divisor_override; a [C, H, W] input) and adaptive_avg_pool2d (to 1x1, which the lazy core
+// writes as a mean; to 2x2; to 3x5 of 7x9, whose windows overlap and differ in size), with their
+// backwards.
+TEST(XlaOps, AveragePoolsAndTheirBackwards) {
+  torch::manual_seed(12);
+  namespace F = torch::nn::functional;
+  const auto x = torch::randn({2, 3, 8, 8});
+  check_op("avg_pool2d 2", [](const auto& v) { return F::avg_pool2d(v[0], F::AvgPool2dFuncOptions(2)); }, {x});
+  for (bool include : {true, false}) {
+    check_op(std::string("avg_pool2d 3/2/1, count_include_pad ") + (include ? "true" : "false"), [include](const auto& v) {
+      return F::avg_pool2d(v[0], F::AvgPool2dFuncOptions(3).stride(2).padding(1).count_include_pad(include));
+    }, {torch::randn({2, 3, 9, 7})});
+  }
+  check_op("avg_pool2d divisor_override 5", [](const auto& v) {
+    return F::avg_pool2d(v[0], F::AvgPool2dFuncOptions({2, 3}).stride({1, 2}).divisor_override(5));
+  }, {x});
+  check_op("avg_pool2d [C, H, W]", [](const auto& v) { return F::avg_pool2d(v[0], F::AvgPool2dFuncOptions(2)); },
+           {torch::randn({3, 6, 6})});
+  check_op("avg_pool2d bf16", [](const auto& v) { return F::avg_pool2d(v[0], F::AvgPool2dFuncOptions(2)); },
+           {x.to(torch::kBFloat16)}, bf16_options());
+  for (const std::vector<int64_t>& size : {std::vector<int64_t>{1, 1}, {2, 2}, {3, 5}}) {
+    check_op("adaptive_avg_pool2d to " + c10::str(size), [size](const auto& v) {
+      return F::adaptive_avg_pool2d(v[0], F::AdaptiveAvgPool2dFuncOptions(size));
+    }, {torch::randn({2, 3, 7, 9})});
+  }
+  check_op("adaptive_avg_pool2d bf16", [](const auto& v) {
+    return F::adaptive_avg_pool2d(v[0], F::AdaptiveAvgPool2dFuncOptions({3, 3}));
+  }, {x.to(torch::kBFloat16)}, bf16_options());
+}
+
+namespace {
+
+// Linear + tanh + Linear, squared error, SGD with momentum; gradients large enough that norm
+// clipping at 0.5 changes them.
+struct ClipNet : LightningModule {
+  ClipNet() : LightningModule("ClipNet") {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 1));
+  }
+  StepOutput training_step(const Batch& b, int64_t) override {
+    const auto d = fc2->forward(torch::tanh(fc1->forward(b.data))) - b.target;
+    return (d * d).mean() * 10;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+std::shared_ptr<ClipNet> train_clipped(const std::string& accelerator, const std::string& algorithm) {
+  fulgur::testing::TempDir dir;
+  torch::manual_seed(7);
+  auto net = std::make_shared<ClipNet>();
+  Trainer t(TrainerOptions()
+                .accelerator(accelerator)
+                .devices(1)
+                .max_epochs(1)
+                .gradient_clip_val(0.5)
+                .gradient_clip_algorithm(algorithm)
+                .default_root_dir(dir.path)
+                .enable_progress_bar(false)
+                .enable_checkpointing(false)
+                .logger(false)
+                .num_sanity_val_steps(0));
+  t.fit(*net, std::make_shared<DataLoader>(fulgur::testing::regression_data(80), DataLoaderOptions(8)));
+  return net;
+}
+
+}  // namespace
+
+// fulgur's own gradient clipping (gradient_clip_val, by norm and by value) keeps a training step
+// on XLA: the norms (aten::norm), the clamp of the scale and the clamp of the values lower, and
+// nothing runs on the host. 10 steps end with the CPU's parameters.
+TEST(XlaOps, GradientClippingStaysOnXla) {
+  for (const std::string algorithm : {"norm", "value"}) {
+    SCOPED_TRACE(algorithm);
+    const auto cpu = train_clipped("cpu", algorithm);
+    const xla::BackendMetrics before = xla::metrics();
+    const auto lazy = train_clipped("xla", algorithm);
+    EXPECT_EQ(new_fallbacks(before, {}), "") << xla::metrics_report();
+    EXPECT_GT(xla::metrics().xla_executions, before.xla_executions);
+    const auto a = cpu->named_parameters(), b = lazy->named_parameters();
+    for (const auto& p : a) EXPECT_TRUE(torch::allclose(b[p.key()], p.value(), 1e-5, 1e-5)) << p.key();
+  }
+}
+
+// Every rule in the rule table (src/xla/stablehlo/rules/) has a test in this file: adding a rule
+// without one fails here. The test that covers each kind is named beside it.
+TEST(XlaOps, EveryRuleOfTheTableHasAPerOpTest) {
+  const std::map<std::string, std::string> tested = {
+      {"aten::tanh", "XlaOps.UnaryMathAndItsBackwards"},
+      {"aten::sigmoid", "XlaOps.UnaryMathAndItsBackwards"},
+      {"aten::exp", "XlaOps.UnaryMathAndItsBackwards"},
+      {"aten::log", "XlaOps.UnaryMathAndItsBackwards"},
+      {"aten::rsqrt", "XlaOps.UnaryMathAndItsBackwards"},
+      {"aten::neg", "XlaOps.UnaryMathAndItsBackwards"},
+      {"aten::abs", "XlaOps.UnaryMathAndItsBackwards"},
+      {"aten::sgn", "XlaOps.UnaryMathAndItsBackwards"},
+      {"aten::tanh_backward", "XlaOps.UnaryMathAndItsBackwards"},
+      {"aten::sigmoid_backward", "XlaOps.UnaryMathAndItsBackwards"},
+      {"aten::eq", "XlaOps.ComparisonsBroadcastPromoteAndTreatNanAsIeee"},
+      {"aten::ne", "XlaOps.ComparisonsBroadcastPromoteAndTreatNanAsIeee"},
+      {"aten::lt", "XlaOps.ComparisonsBroadcastPromoteAndTreatNanAsIeee"},
+      {"aten::le", "XlaOps.ComparisonsBroadcastPromoteAndTreatNanAsIeee"},
+      {"aten::gt", "XlaOps.ComparisonsBroadcastPromoteAndTreatNanAsIeee"},
+      {"aten::ge", "XlaOps.ComparisonsBroadcastPromoteAndTreatNanAsIeee"},
+      {"aten::maximum", "XlaOps.MaximumMinimumAndClampPropagateNan"},
+      {"aten::minimum", "XlaOps.MaximumMinimumAndClampPropagateNan"},
+      {"aten::clamp", "XlaOps.MaximumMinimumAndClampPropagateNan"},
+      {"aten::clamp_min", "XlaOps.MaximumMinimumAndClampPropagateNan"},
+      {"aten::masked_fill", "XlaOps.MaskedFillAndItsBackward"},
+      {"aten::log_sigmoid_forward", "XlaOps.BinaryCrossEntropyAndItsBackward"},
+      {"aten::log_sigmoid_backward", "XlaOps.BinaryCrossEntropyAndItsBackward"},
+      {"aten::norm", "XlaOps.NormOfEveryOrderAndItsBackward"},
+      {"aten::add", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},
+      {"aten::sub", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},
+      {"aten::mul", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},
+      {"aten::div", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},
+      {"aten::pow", "StableHlo.PowOfNegativeBasesAndTensorExponents"},
+      {"aten::sqrt", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},
+      {"aten::relu", "StableHlo.ReductionsComparisonsReluAndThresholdBackward"},
+      {"aten::addcmul", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},
+      {"aten::addcdiv", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},
+      {"aten::ScalarImplicit", "XlaOps.NormOfEveryOrderAndItsBackward"},
+      {"aten::zero", "StableHlo.ZeroCopiesViewsAndTransposes"},
+      {"aten::zeros_like", "StableHlo.ZeroCopiesViewsAndTransposes"},
+      {"aten::gelu", "StableHlo.GeluAndItsBackwardBothApproximations"},
+      {"aten::gelu_backward", "StableHlo.GeluAndItsBackwardBothApproximations"},
+      {"aten::detach_copy", "StableHlo.ZeroCopiesViewsAndTransposes"},
+      {"aten::expand_copy", "StableHlo.ZeroCopiesViewsAndTransposes"},
+      {"aten::_to_copy", "StableHlo.ZeroCopiesViewsAndTransposes"},
+      {"aten::view_copy", "StableHlo.ZeroCopiesViewsAndTransposes"},
+      {"aten::t_copy", "StableHlo.ZeroCopiesViewsAndTransposes"},
+      {"aten::transpose_copy", "StableHlo.ZeroCopiesViewsAndTransposes"},
+      {"prim::ListConstruct", "StableHlo.StackCatAndSelectCopy"},
+      {"aten::stack", "StableHlo.StackCatAndSelectCopy"},
+      {"aten::cat", "StableHlo.StackCatAndSelectCopy"},
+      {"aten::select_copy", "StableHlo.StackCatAndSelectCopy"},
+      {"aten::embedding", "StableHlo.EmbeddingGathersRows"},
+      {"aten::embedding_dense_backward", "StableHlo.EmbeddingDenseBackwardAddsRepeatedIndicesAndSkipsPadding"},
+      {"aten::native_layer_norm", "StableHlo.NativeLayerNormWithAndWithoutAffine"},
+      {"aten::native_layer_norm_backward", "StableHlo.NativeLayerNormBackward"},
+      {"aten::native_batch_norm", "StableHlo.BatchNormTrainsEvaluatesAndUpdatesItsRunningStatistics"},
+      {"aten::native_batch_norm_backward", "StableHlo.BatchNormTrainsEvaluatesAndUpdatesItsRunningStatistics"},
+      {"aten::convolution", "StableHlo.ConvolutionAndItsBackward"},
+      {"aten::convolution_backward", "StableHlo.ConvolutionAndItsBackward"},
+      {"aten::max_pool2d_with_indices", "StableHlo.MaxPoolWithIndicesAndItsBackward"},
+      {"aten::max_pool2d_with_indices_backward", "StableHlo.MaxPoolWithIndicesAndItsBackward"},
+      {"aten::threshold_backward", "StableHlo.AThresholdBeforeATiledMaxPoolIsAppliedAtThePoolsSize"},
+      {"aten::mm", "StableHlo.MatmulsWithAlphaAndBeta"},
+      {"aten::sum", "StableHlo.ReductionsComparisonsReluAndThresholdBackward"},
+      {"aten::mean", "StableHlo.ReductionsComparisonsReluAndThresholdBackward"},
+      {"aten::_log_softmax", "StableHlo.LogSoftmaxNllLossAndTheirBackwardsWithIgnoredTargets"},
+      {"aten::_log_softmax_backward_data", "StableHlo.LogSoftmaxNllLossAndTheirBackwardsWithIgnoredTargets"},
+      {"aten::nll_loss_forward", "StableHlo.LogSoftmaxNllLossAndTheirBackwardsWithIgnoredTargets"},
+      {"aten::nll_loss_backward", "StableHlo.LogSoftmaxNllLossAndTheirBackwardsWithIgnoredTargets"},
+      {"aten::_softmax", "StableHlo.SoftmaxAndItsBackward"},
+      {"aten::_softmax_backward_data", "StableHlo.SoftmaxAndItsBackward"},
+      {"aten::bmm", "StableHlo.MatmulsWithAlphaAndBeta"},
+      {"aten::addmm", "StableHlo.MatmulsWithAlphaAndBeta"},
+      {"aten::max", "XlaOps.MaxAndMinWithIndicesTiesAndNan"},
+      {"aten::min", "XlaOps.MaxAndMinWithIndicesTiesAndNan"},
+      {"aten::IntImplicit", "XlaOps.SlicingAndItsBackward"},
+      {"aten::slice_copy", "XlaOps.SlicingAndItsBackward"},
+      {"aten::slice_scatter", "XlaOps.SlicingAndItsBackward"},
+      {"aten::permute_copy", "XlaOps.PermuteSqueezeUnsqueezeAndTheirBackwards"},
+      {"aten::squeeze_copy", "XlaOps.PermuteSqueezeUnsqueezeAndTheirBackwards"},
+      {"aten::unsqueeze_copy", "XlaOps.PermuteSqueezeUnsqueezeAndTheirBackwards"},
+      {"aten::clone", "XlaOps.TriuTrilAndTheirBackwards"},
+      {"aten::expand", "XlaOps.TriuTrilAndTheirBackwards"},
+      {"aten::index_select", "XlaOps.IndexSelect"},
+      {"aten::triu", "XlaOps.TriuTrilAndTheirBackwards"},
+      {"aten::tril", "XlaOps.TriuTrilAndTheirBackwards"},
+      {"aten::binary_cross_entropy", "XlaOps.BinaryCrossEntropyAndItsBackward"},
+      {"aten::binary_cross_entropy_backward", "XlaOps.BinaryCrossEntropyAndItsBackward"},
+      {"aten::smooth_l1_loss", "XlaOps.SmoothL1LossAndItsBackward"},
+      {"aten::smooth_l1_loss_backward", "XlaOps.SmoothL1LossAndItsBackward"},
+      {"aten::avg_pool2d", "XlaOps.AveragePoolsAndTheirBackwards"},
+      {"aten::avg_pool2d_backward", "XlaOps.AveragePoolsAndTheirBackwards"},
+      {"aten::_adaptive_avg_pool2d", "XlaOps.AveragePoolsAndTheirBackwards"},
+      {"aten::_adaptive_avg_pool2d_backward", "XlaOps.AveragePoolsAndTheirBackwards"},
+  };
+  std::vector<std::string> listed;
+  for (const auto& [kind, test] : tested) {
+    listed.push_back(kind);
+    // A test of this file must exist; a StableHlo one is in test_stablehlo.cpp.
+    const std::string suite = test.substr(0, test.find('.')), name = test.substr(test.find('.') + 1);
+    if (suite != "XlaOps") continue;
+    bool found = false;
+    const ::testing::TestSuite* here = ::testing::UnitTest::GetInstance()->current_test_suite();
+    for (int i = 0; i < here->total_test_count(); ++i) found = found || here->GetTestInfo(i)->name() == name;
+    EXPECT_TRUE(found) << kind << ": no test " << test;
+  }
+  EXPECT_EQ(fulgur::xla::stablehlo::rules().kinds(), listed);
+}
