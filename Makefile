@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The user's entry points. Each installs what is missing, configures, builds, then runs.
 BUILD   ?= build
 JOBS    ?= $(shell nproc)

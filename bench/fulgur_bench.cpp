@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Trains one of the example models with fulgur's Trainer from given initial
 // weights and writes what bench/run.py compares with the Python references:
 // samples/s over the timed steps (after the warm-up steps), the loss of the

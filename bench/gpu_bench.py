@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """fulgur against Lightning on one NVIDIA GPU (scripts/device-check runs it).
 
 For each model (MNIST CNN, charlm) the same initial weights (reference.py --mode

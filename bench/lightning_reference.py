@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The peers a user would pick instead of fulgur: Lightning's Trainer (issue 17).
 
 Runs in the bench environment (.venv/bench: torch 2.9.0, torch_xla 2.9.0,

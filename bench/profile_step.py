@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """What a Python side's training step spends its time on (issue 17: where a bar is not met).
 
 Runs one of bench/reference.py's models for --warmup + --steps steps in one process, the way

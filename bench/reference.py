@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The plain PyTorch programs fulgur is measured against.
 
 Modes:

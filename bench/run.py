@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Benchmarks fulgur against the plain PyTorch references (bench/reference.py).
 
 For each model (MNIST MLP, MNIST CNN, character transformer) and process count

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # `make bench`: fulgur against the plain PyTorch references (Debian's python3-torch) and
 # against Lightning's Trainer with DDP and Lightning on torch_xla (issue 17; the bench
 # environment .venv/bench is made once by scripts/install-bench-env, then reused).

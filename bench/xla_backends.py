@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """fulgur's xla device on PJRT against the TorchScript lazy backend and the eager cpu step (issue 12).
 
 For each model (MNIST MLP, MNIST CNN, character transformer), fulgur_bench trains from the same

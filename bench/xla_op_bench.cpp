@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where the MNIST CNN's xla step spends its time: each convolution of its training step alone
 // (forward, the input gradient, the weight gradient, the shapes of batch 64) and each max-pool
 // (forward with indices, the input gradient), then the whole

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # fulgur_find_libtorch(): finds a libtorch 2.x and defines the imported target fulgur::libtorch
 # (libtorch_cpu and libc10, their headers, the definitions and the C++ standard they need).
 #

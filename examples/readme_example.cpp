@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The README's example as a whole program: a small classifier trained on
 // random data for a few steps (two epochs of four batches) on one CPU device.
 //   c++ -std=c++17 readme_example.cpp -Iinclude -lfulgur $(torch flags) -o readme_example

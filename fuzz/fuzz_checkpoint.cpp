@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: a checkpoint file as the trainer reads it on resume. The
 // bytes go through the checked archive reader; what it returns is handed to
 // the same consumers a resume uses (the model's state_dict, the first

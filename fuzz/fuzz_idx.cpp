@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: the IDX reader (MNIST's files) on arbitrary bytes. Any
 // input must give a tensor or a std::runtime_error; a crash, a sanitizer
 // report, or an allocation larger than the input is a bug.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: the bytes another rank sends with broadcast_object, as
 // the receivers decode them. Any input must decode or throw
 // SerializationError; a crash, a sanitizer report, another exception type or

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: the restricted unpickler on its own. The input is the
 // pickle (data.pkl) of an otherwise well-formed archive that also holds
 // storages '0' to '3' (16, 0, 64 and 7 bytes), so that mutations reach the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: a state_dict saved by Python's torch.save, loaded into a
 // module (fulgur::load_from_checkpoint's path, from bytes). Any input must
 // load or throw a std::exception; a crash, a sanitizer report or an

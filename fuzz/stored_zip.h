@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Writes a zip archive of stored records with correct CRCs, as torch.save
 // lays them out (for tests and fuzz targets that craft archives).

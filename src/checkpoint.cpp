@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <fulgur/checkpoint.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
 

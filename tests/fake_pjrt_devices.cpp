@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A PJRT plugin with no compiler: a client whose addressable devices are FAKE_PJRT_DEVICES
 // (default 4) devices with ids 0..N-1, or, when the `visible_devices` create option (an int64
 // list, as the GPU plugin takes it) is given, only those. Enough for fulgur's Client to start,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Not a PJRT plugin: a library whose GetPjrtApi() returns a function table with no functions,
 // of the version and size given at build time (FAKE_MAJOR, FAKE_MINOR, FAKE_TABLE_END: the
 // last PJRT_Api entry the table claims to have). For the loader's checks in test_pjrt.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One translation unit that includes only <fulgur/fulgur.h>, as a user
 // program does: it must compile with every public name below.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Declared apart from the test that calls it, so that public_api.cpp sees
 // nothing but <fulgur/fulgur.h>.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Test helpers: temporary folders, real multi-process runs, small models.
 

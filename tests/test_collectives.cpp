@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Collectives across real processes (fork, file store, Gloo on loopback).
 // Rank r contributes r, so sums are N(N-1)/2.
 

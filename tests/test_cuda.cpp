@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The cuda accelerator on a real GPU: one process against the CPU, two
 // processes on one GPU, 16-mixed with its GradScaler, checkpoints that move
 // between GPU and CPU, and batches that arrive on the device. Every test needs

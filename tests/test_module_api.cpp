@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a LightningModule offers a user's steps, as Lightning's does: all_gather, print on rank 0,
 // log_dict with a prefix, and where the process stands (global_rank, local_rank, world_size).
 #include "support.h"

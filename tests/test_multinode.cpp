@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Jobs across machines: cluster environment detection, Gloo's interface, and
 // a real 2-node x 2-worker MNIST job between two network namespaces joined
 // by a veth pair (needs root, as CI runs).

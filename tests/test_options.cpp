@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "public_api.h"
 #include "support.h"
 
@@ -490,4 +491,37 @@ TEST(Threads, CgroupCpuMaxOfTheCgroupAndItsAncestorsBoundsTheCores) {
   CPU_ZERO(&set);
   ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
   EXPECT_EQ(runtime::available_cores(), limit > 0 ? std::min<int64_t>(CPU_COUNT(&set), limit) : CPU_COUNT(&set));
+}
+
+// The project is under the Apache License 2.0 (LICENSE), and every source file says so in its
+// first lines (SPDX-License-Identifier), so that a file copied out of the tree still carries it.
+TEST(License, EverySourceFileCarriesTheSpdxIdentifier) {
+  const std::string root = FULGUR_SOURCE_DIR;
+  const std::string license = fulgur::testing::read_file(root + "/LICENSE");
+  EXPECT_NE(license.find("Apache License"), std::string::npos);
+  EXPECT_NE(license.find("Version 2.0, January 2004"), std::string::npos);
+  const std::string tag = "SPDX-License-Identifier: Apache-2.0";
+  auto is_source = [](const std::filesystem::path& p) {
+    const std::string name = p.filename().string(), ext = p.extension().string();
+    return ext == ".cpp" || ext == ".h" || ext == ".py" || ext == ".cmake" || ext == ".sh" || ext == ".in" ||
+           name == "CMakeLists.txt" || name == "Makefile";
+  };
+  int checked = 0;
+  std::vector<std::filesystem::path> files{root + "/CMakeLists.txt", root + "/Makefile", root + "/.ci/run"};
+  for (const char* dir : {"src", "include", "tests", "examples", "tools", "bench", "fuzz", "scripts", "cmake"}) {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(root + "/" + dir)) {
+      const std::string rel = std::filesystem::relative(e.path(), root).string();
+      if (!e.is_regular_file() || rel.rfind("tests/data/", 0) == 0 || rel.rfind("fuzz/corpus/", 0) == 0) continue;
+      // Scripts without an extension (scripts/install-deps, ...) are sources too.
+      if (is_source(e.path()) || (rel.rfind("scripts/", 0) == 0 && e.path().extension().empty())) files.push_back(e.path());
+    }
+  }
+  for (const auto& f : files) {
+    std::ifstream in(f);
+    std::string head, line;
+    for (int i = 0; i < 3 && std::getline(in, line); ++i) head += line + "\n";
+    EXPECT_NE(head.find(tag), std::string::npos) << f << " lacks '" << tag << "' in its first three lines";
+    ++checked;
+  }
+  EXPECT_GT(checked, 200);
 }

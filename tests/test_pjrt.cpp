@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The PJRT runtime (src/xla/pjrt) against the real XLA CPU plugin that scripts/install-deps
 // installs, and the loader's errors on files that are not usable plugins.
 

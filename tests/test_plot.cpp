@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fulgur-plot (issue 14) on the metrics.csv of a real fit: the series it says
 // it drew are the run's columns, and the file it wrote is a PNG of the size asked.
 #include "support.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Precision plugins: bf16-mixed is CPU autocast to bfloat16 with float32
 // weights; 16-mixed (CUDA only) is refused elsewhere with the reason, and its
 // GradScaler's logic is checked here on CPU tensors.

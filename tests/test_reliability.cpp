@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Faults injected for real (../shared/spec/reliability.md): signals sent to a
 // running job, a parent killed under its workers, processes killed while they
 // write checkpoints, the sockets and folders of a running job, and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a run tells its user (issue 14): the model summary at fit start,
 // log_dict and the logging options, the lines at the end of fit, and the
 // progress bar's ETA. Real fit runs; stderr is captured where fulgur's

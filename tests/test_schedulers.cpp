@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fulgur::lr_scheduler against Python's torch.optim.lr_scheduler on the same steps (Debian's
 // python3-torch), and a resumed fit that continues the uninterrupted run's schedule.
 #include "support.h"

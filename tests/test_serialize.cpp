@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The checked reader of untrusted torch archives (src/serialize/): what it
 // rebuilds, what it refuses and how, on archives written by libtorch, by
 // Python's torch.save, and crafted here byte by byte.

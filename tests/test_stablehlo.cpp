@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The StableHLO emitter (src/xla/stablehlo): TorchScript graphs in the form the lazy TorchScript
 // lowering makes, typed by running them node by node with eager libtorch (as the lazy backend
 // types them from its nodes' shapes), emitted, compiled and run by the real CPU plugin, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Strategies over real worker processes started by the launcher.
 
 #include "support.h"

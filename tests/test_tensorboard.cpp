@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TensorBoardLogger against TensorBoard itself (issue 14): its Python event
 // reader and a real server on loopback, both from .venv/tensorboard (made by
 // scripts/install-deps), read what the logger wrote; PyYAML reads the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // xla devices on the torch::lazy backend: the same numbers as the CPU, graphs
 // compiled once and then taken from the cache, the metrics and the warning,
 // moving modules, Adam's update as one node per parameter. Each test runs in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Per-op tests of the StableHLO lowering rules of the op families (src/xla/stablehlo/rules/) on
 // the lazy device itself: each op, and what autograd traces for its backward, runs on eager CPU
 // tensors and on xla tensors (the pjrt backend, the real CPU plugin), in the graphs libtorch's
@@ -403,6 +404,39 @@ TEST(XlaOps, SmoothL1LossAndItsBackward) {
   }, {torch::tensor({0.5f, -0.5f, 0.0f, 2.0f}), torch::zeros({4})});
   check_op("bf16", [](const auto& x) { return F::smooth_l1_loss(x[0], x[1]); },
            {a.to(torch::kBFloat16), b.to(torch::kBFloat16)}, bf16_options());
+}
+
+// Ops the lazy core has no node for, given Lazy kernels of fulgur's (src/xla/lazy_views.cpp)
+// that compose them from lowered ops: nothing runs on the host any more.
+TEST(XlaOps, MseLossArgmaxAndClampMaxStayOnXla) {
+  torch::manual_seed(13);
+  namespace F = torch::nn::functional;
+  const auto a = torch::randn({8, 3}) * 2, b = torch::randn({8, 3});
+  for (const auto& [name, reduction] : std::vector<std::pair<std::string, F::MSELossFuncOptions::reduction_t>>{
+           {"mean", torch::kMean}, {"sum", torch::kSum}, {"none", torch::kNone}}) {
+    check_op("mse_loss " + name, [reduction = reduction](const auto& x) {
+      return F::mse_loss(x[0], x[1], F::MSELossFuncOptions().reduction(reduction));
+    }, {a, b});
+  }
+  check_op("mse_loss bf16", [](const auto& x) { return F::mse_loss(x[0], x[1]); },
+           {a.to(torch::kBFloat16), b.to(torch::kBFloat16)}, bf16_options());
+  Options forward;
+  forward.backward = false;
+  // Ties (the first wins) and NaN (the first NaN wins), along each dim and over everything.
+  const auto ties = torch::tensor({{1.0f, 3.0f, 3.0f}, {2.0f, 2.0f, -1.0f}, {0.0f, NAN, 5.0f}, {NAN, 1.0f, NAN}});
+  for (const auto& x : {a, ties}) {
+    check_op("argmax dim 1", [](const auto& t) { return t[0].argmax(1); }, {x}, forward);
+    check_op("argmax dim 0 keepdim", [](const auto& t) { return t[0].argmax(0, true); }, {x}, forward);
+    check_op("argmax of all", [](const auto& t) { return t[0].argmax(); }, {x}, forward);
+    check_op("argmax of all keepdim", [](const auto& t) { return t[0].argmax(std::nullopt, true); }, {x}, forward);
+  }
+  check_op("argmax int", [](const auto& t) { return t[0].argmax(1); }, {torch::tensor({{1, 7, 7}, {4, 0, 4}})}, forward);
+  check_op("accuracy as a metric computes it", [](const auto& t) {
+    return t[0].argmax(1).eq(t[1]).to(torch::kFloat32).mean();
+  }, {a, torch::tensor({0, 1, 2, 0, 1, 2, 0, 1})}, forward);
+  // Forward only: clamp's backward takes where, which the lazy core runs on the host.
+  check_op("clamp_max", [](const auto& x) { return x[0].clamp_max(0.5); }, {torch::tensor({-1.0f, 0.5f, 2.0f, NAN, INFINITY})},
+           forward);
 }
 
 // avg_pool2d (kernel 2; kernel 3 stride 2 padding 1 with count_include_pad true and false; a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // xla devices on the torch::lazy backend with PJRT (FULGUR_XLA_BACKEND=pjrt, the default): graphs
 // emitted as StableHLO, compiled and run by the real XLA CPU plugin, give the CPU's losses and
 // parameters for the MLP, the MNIST CNN and MLP and the character model; XLA compiles stop after

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The charlm example's model and data: a small GPT-style character model
 // (token and position embeddings, pre-norm blocks of causal self-attention

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Trains a small GPT-style character model on the King James Bible and
 // prints text sampled from it.
 //   build/bin/charlm --accelerator xla --devices auto --strategy xla --max-steps 600

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Trains an MNIST classifier (the CNN by default) and prints its test accuracy.
 //   build/bin/mnist --data-dir data/mnist --accelerator xla --devices auto --strategy xla --max-epochs 1
 // Across machines, see docs/MULTI_NODE.md.

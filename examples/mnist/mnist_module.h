@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The MNIST example's model and data, shared by the example, the tests and the benchmarks.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The checkpoint dict, state dicts, and reading checkpoints outside a Trainer.
 

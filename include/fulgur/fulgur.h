@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Everything a user program needs: the Trainer, modules, data, callbacks,
 // loggers, every strategy, the registry, the accelerators and plugins

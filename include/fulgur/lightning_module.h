@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // LightningModule: a torch::nn::Module that also says how it trains.
 //

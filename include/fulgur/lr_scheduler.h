@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Learning-rate schedules with PyTorch's (Python's) semantics, as torch.optim.lr_scheduler
 // defines them, for configure_optimizers (SchedulerConfig takes them like any

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // What configure_optimizers returns: the optimizers and their learning-rate
 // schedulers. Both are held by pointer, so their classes are only declared

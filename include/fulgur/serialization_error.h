@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The error of every reader of untrusted bytes: checkpoint files, state_dicts
 // that Python saved, and objects broadcast by other ranks.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Trainer: runs fit / validate / test / predict of a LightningModule with a
 // Strategy, callbacks and a logger.

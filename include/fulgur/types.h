@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Small value types shared by the whole API: the batch, what a step returns,
 // how a value is logged, and the training stage.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // fulgur's version (semantic versioning; CHANGELOG.md says what changed). CMake reads the
 // project's version from these lines, so they are the one place it is written.

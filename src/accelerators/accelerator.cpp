@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <fulgur/accelerators/accelerator.h>
 
 #include "runtime/env.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <fulgur/callbacks/model_checkpoint.h>
 #include <fulgur/lightning_module.h>
 #include <fulgur/strategies/strategy.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // What ModelCheckpoint and EarlyStopping share about a monitored metric: its
 // mode ("min" or "max") and the names listed when it was not logged.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <fulgur/callbacks/prediction_writer.h>
 #include <fulgur/lightning_module.h>
 

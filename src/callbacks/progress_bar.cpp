@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <fulgur/callbacks/progress_bar.h>
 #include <fulgur/lightning_module.h>
 #include <fulgur/trainer.h>

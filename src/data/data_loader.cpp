@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <fulgur/data/data_loader.h>
 
 #include <torch/torch.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The IDX format of MNIST's files: a big-endian magic number (0, 0, type,
 // number of dimensions), one big-endian uint32 per dimension, then the data,

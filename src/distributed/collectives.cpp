@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Collectives over c10d's Gloo process group and its stores. Longer than one concern per file:
 // every call is checked across ranks (call, shape, dtype, name) and every failure is turned into
 // one error naming the call and the ranks missing, which share the class's state.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "distributed/gradient_sync.h"
 
 #include "runtime/plain_tensor.h"

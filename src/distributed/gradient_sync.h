@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Gradient sync: after backward, every rank's gradients become the mean over
 // ranks. Two components with one interface:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Which local address and interface Gloo binds to in a job across machines.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // c10d's TCPStore, opened so that a client never waits without end.
 //

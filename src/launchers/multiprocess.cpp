@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The multi-process launcher: fork or spawn of the workers, their environment, the job's
 // failure and signal handling, and the store across nodes. Long because starting, watching and
 // stopping workers share one process table and its signal-safe state.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // What a worker of a restarted launch needs (MultiProcessLauncherOptions::
 // max_restarts): which attempt it belongs to, and the last.ckpt an earlier

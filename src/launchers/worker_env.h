@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The variables fulgur's MultiProcessLauncher puts in each worker's
 // environment for itself and for LightningEnvironment, which reads them in

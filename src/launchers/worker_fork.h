@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // How MultiProcessLauncher creates each worker process: fork(2), called
 // through a pointer that a test may replace. A test seam, and nothing else

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as TFRecord files
 // checksum their records. Debian 12 ships no C++ CRC-32C library (no

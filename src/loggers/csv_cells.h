@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The cells of one line of metrics.csv as RFC 4180 writes them (Python's csv module, pandas): a
 // cell holding ',' or '"' is in double quotes with '"' doubled. Metric names hold no line break

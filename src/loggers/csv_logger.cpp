@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <fulgur/loggers/csv_logger.h>
 
 #include "loggers/csv_cells.h"

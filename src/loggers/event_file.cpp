@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "loggers/event_file.h"
 
 #include "loggers/crc32c.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A TensorBoard event file: TFRecord records (length, masked CRC-32C of the
 // length, an Event message, masked CRC-32C of the message), the first one the

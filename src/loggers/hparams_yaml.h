@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // hparams.yaml, as Lightning's CSVLogger and TensorBoardLogger write it in
 // their version folder: the module's hparams as a YAML mapping that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Lightning's version numbering of a logger's runs: <dir>/version_<N>.
 

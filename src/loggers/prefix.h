@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Lightning's logger prefix: "<prefix>-<name>" for every metric name.
 

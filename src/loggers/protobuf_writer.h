@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Protocol Buffers wire format, the few field kinds TensorBoard's event
 // messages use. Hand-written: the logger encodes five small messages, which is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <fulgur/loggers/tensorboard_logger.h>
 
 #include "loggers/event_file.h"

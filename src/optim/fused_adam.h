@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A fused step for libtorch's Adam and AdamW on CPU float32 parameters, and
 // one lazy IR node per parameter on xla devices (xla/lazy_adam.h).

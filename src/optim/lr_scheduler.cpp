@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <fulgur/lr_scheduler.h>
 
 #include <torch/optim/adam.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "optim/optim_state.h"
 
 #include "optim/fused_adam.h"

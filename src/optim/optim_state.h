@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // What fulgur knows about each optimizer type, in one table: one
 // OptimizerAdapter per type (SGD, Adam, AdamW, RMSprop, Adagrad) gives its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Reading the process environment, in one place: unset and empty count the
 // same, and a malformed number is an error naming the variable. Every name

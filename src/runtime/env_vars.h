@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Every environment variable fulgur honours, in one table (as torch_xla's
 // env_vars.h): its name, the values it may hold, what unset means, and one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // fulgur's own messages on stderr, in one place.
 //

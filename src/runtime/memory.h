@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The allocator policy (see docs/ARCHITECTURE.md, "Memory"). glibc's malloc
 // by default serves every block above a moving threshold (128 KiB at first)

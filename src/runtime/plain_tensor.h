@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The tensors that fulgur's hand-written loops (the fused optimizer step, the
 // gradient buckets' copies) may read through a float pointer.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // SIGTERM / SIGINT during fit: the handler only records the signal; the
 // training loop stops at the next batch boundary it agrees on with the other

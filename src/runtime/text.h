@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Shaping other libraries' messages into fulgur's one-line ones.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The thread policy, in one place (see docs/ARCHITECTURE.md, "Threads"):
 // a worker gets cores / local_world_size threads (at least 1) for torch's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Bounds on what a reader of untrusted bytes builds. The defaults are far
 // above any real checkpoint (a 7B-parameter model's checkpoint has about 300

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // An IValue as a tree: dicts, lists and tuples inside one another, with
 // tensors (and other values) at the leaves.

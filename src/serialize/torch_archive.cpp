@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // torch.save archives read without libtorch's loader (unsafe on hostile files); see
 // torch_archive.h. Long because every opcode and record the restricted reader accepts is
 // bounds-checked here, in the one place the fuzz targets cover.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The one reader of untrusted torch archives: checkpoint files, state_dicts
 // that Python's torch.save wrote, and objects broadcast by other ranks.

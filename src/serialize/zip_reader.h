@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A checked reader of the zip archives torch.save and torch::pickle_save
 // write: stored (uncompressed) records, optionally with zip64 fields.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <fulgur/accelerators/accelerator.h>
 #include <fulgur/plugins/precision/xla.h>
 #include <fulgur/strategies/ddp.h>

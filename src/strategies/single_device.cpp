@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <fulgur/accelerators/accelerator.h>
 #include <fulgur/lightning_module.h>
 #include <fulgur/plugins/precision/precision.h>

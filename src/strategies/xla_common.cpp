@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "strategies/xla_common.h"
 
 #include <fulgur/data/device_loader.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checkpoints of the whole run: dump (Lightning's dict layout), restore (every
 // count checked before it is used) and ckpt_path's "last" and "best".
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Logging and results: LightningModule::log into the ResultCollection, step
 // and epoch rows to callback_metrics, the progress bar and the loggers, and
 // rank 0's report at the end of fit.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The loops: fit (with the sanity check, validation inside the epoch and the
 // stop on a signal), evaluation, predict, and the automatic optimization
 // step with gradient accumulation, clipping and the schedulers.

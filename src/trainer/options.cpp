@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Option validation and strategy resolution: the Trainer's constructor
 // checks every option and resolves the strategy, the callbacks and the
 // loggers once, before any process starts.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // What LightningModule::log recorded during one stage: the latest per-step
 // values and the running epoch aggregates. Values stay tensors until read, so

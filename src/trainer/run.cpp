@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One stage's run: launched on every rank by the strategy's launcher, and in
 // each worker the setup before the loops (seeding, the DataModule's loaders,
 // the strategy's setup, the restore, the stop signals), as Lightning's

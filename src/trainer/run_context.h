@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // RunContext: the running Trainer as the library's module, optimizer wrapper,
 // callbacks and strategies see it (private to the library). It reads the

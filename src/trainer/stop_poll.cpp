@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "trainer/stop_poll.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // When a stop signal ends a loop: the batch boundary at which every rank stops.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Trainer's façade: fit / validate / test / predict hand a stage to
 // TrainerImpl::run (run.cpp); the accessors read its state.
 

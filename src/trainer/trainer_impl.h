@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The Trainer's state and loops (private to the library). The members are
 // defined by concern: options.cpp (the constructor), run.cpp (run,

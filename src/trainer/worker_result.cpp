@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a worker's run sends back: rank 0's weights, metrics, loop counters,
 // callback states, predictions, logger versions and (after a multi-process
 // fit) its whole checkpoint, made in the worker and applied in the launching

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libtorch's CPU convolutions as XLA FFI handlers; see host_kernels.h.
 
 #include "xla/host_kernels.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Host kernels that XLA:CPU programs call: libtorch's own CPU convolutions, registered with the
 // CPU plugin through PJRT's FFI extension and reached from a compiled program by

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One lazy IR node per parameter for Adam's update; see lazy_adam.h.
 
 #include "xla/lazy_adam.h"

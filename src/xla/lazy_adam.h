@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Adam's and AdamW's update of one parameter on an xla (lazy) device, traced as one lazy IR
 // node instead of libtorch's eight ops.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The lazy backend: torch::lazy with the TorchScript backend (libtorch 1.13).
 // Operations on c10::kLazy tensors are recorded; mark_step() compiles the
 // pending graph (or takes it from the compile cache, keyed by graph hash) and

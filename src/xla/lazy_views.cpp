@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Kernels on libtorch's Lazy dispatch key for ops its lazy core leaves to the eager fallback in a
 // way that breaks: the recurrent modules (RNN, LSTM, GRU and their cells) of torch::nn aborted
 // the process on an xla device.
@@ -12,13 +13,19 @@
 //    them, and the lazy core has no kernel for these ops that return lists: the eager fallback
 //    returned CPU tensors, and the next op failed with "Input tensor is not a lazy tensor:
 //    CPUFloatType". Here they are select_copy / slice_copy along the dimension.
-// The ops' results are the same tensors as the eager kernels' (tests/test_xla.cpp compares the
-// modules with eager), and lower to the StableHLO emitter's slices.
+// And ops the lazy core has no node for, which it ran eagerly on the host (an eager fallback per
+// call, the data copied out of the device and back): clamp_max, argmax, mse_loss and its
+// backward, composed here from ops it has nodes for and the StableHLO emitter lowers (clamp,
+// max along a dim, arithmetic and sums), so that a regression loss or an accuracy metric stays
+// in the step's XLA program.
+// The results are the eager kernels' (tests/test_modules.cpp runs the modules against eager,
+// tests/test_xla_ops.cpp each op, with nothing left on the host).
 
 #include "xla/lazy_views.h"
 
 #include <ATen/ATen.h>
 #include <ATen/WrapDimUtils.h>
+#include <ATen/core/Reduction.h>
 #include <torch/library.h>
 
 #include <mutex>
@@ -70,6 +77,31 @@ std::vector<at::Tensor> unbind_copy(const at::Tensor& self, int64_t dim) {
   return out;
 }
 
+at::Tensor clamp_max(const at::Tensor& self, const at::Scalar& max) { return at::clamp(self, std::nullopt, max); }
+
+// The first index of the largest value (the first NaN, where there is one), as at::max along a
+// dimension gives it; over the whole tensor when dim is not given.
+at::Tensor argmax(const at::Tensor& self, std::optional<int64_t> dim, bool keepdim) {
+  // Views have no place on the Lazy key (functionalization is above it): view_copy.
+  if (dim) return std::get<1>(at::max(self, *dim, keepdim));
+  at::Tensor index = std::get<1>(at::max(at::view_copy(self, {-1}), 0, false));
+  return keepdim ? at::view_copy(index, std::vector<int64_t>(static_cast<size_t>(self.dim()), 1)) : index;
+}
+
+at::Tensor mse_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  const at::Tensor diff = self - target;
+  const at::Tensor sq = diff * diff;
+  if (reduction == at::Reduction::Mean) return sq.mean();
+  if (reduction == at::Reduction::Sum) return sq.sum();
+  return sq;
+}
+
+at::Tensor mse_loss_backward(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+                             int64_t reduction) {
+  const double scale = reduction == at::Reduction::Mean ? 2.0 / static_cast<double>(self.numel()) : 2.0;
+  return (self - target) * grad_output * scale;
+}
+
 }  // namespace
 
 void install_lazy_view_kernels() {
@@ -81,6 +113,10 @@ void install_lazy_view_kernels() {
     lib.impl("split_copy.Tensor", TORCH_FN(split_size_copies));
     lib.impl("split_with_sizes_copy", TORCH_FN(split_sizes_copies));
     lib.impl("unbind_copy.int", TORCH_FN(unbind_copy));
+    lib.impl("clamp_max", TORCH_FN(clamp_max));
+    lib.impl("argmax", TORCH_FN(argmax));
+    lib.impl("mse_loss", TORCH_FN(mse_loss));
+    lib.impl("mse_loss_backward", TORCH_FN(mse_loss_backward));
   });
 }
 

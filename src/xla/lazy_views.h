@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Lazy-key kernels that keep torch::nn's recurrent modules on the lazy device (lazy_views.cpp).
 

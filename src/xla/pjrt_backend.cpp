@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The lazy backend on PJRT; see pjrt_backend.h. Long because libtorch's BackendImplInterface is
 // one class: data, lowering (aliases, donation), compile and execution share its state.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The torch::lazy backend on PJRT (FULGUR_XLA_BACKEND=pjrt): a BackendImplInterface that wraps
 // libtorch's TorchScript backend. The TS lowering makes each graph; the graph is typed from the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Device data that an in-place update replaces, marked with the lazy node output that computes
 // its new value (LazyAdamStep marks Adam's state this way). The PJRT lowering aliases such a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The outside program of the Install.* test: a one-layer model fitted for a
 // few batches on one xla device (the XLA CPU plugin), through fulgur's installed headers.
 #include <fulgur/data/data_loader.h>

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The Install.* test: installs the fulgur build FULGUR_BUILD_DIR into a
 # temporary prefix, then configures, builds and runs the outside program of
 # this folder twice: against the installed package (find_package), and with

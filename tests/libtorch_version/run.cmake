@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The Configure.* test: fulgur's configure refuses a libtorch outside the supported range, and a
 # folder that is no libtorch, with a message naming the version (or what is missing) and the
 # range. Each case configures the source tree against a fake libtorch (a TorchConfigVersion.cmake

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Prints what TensorBoard's own event reader finds in one run's folder.
 
 Usage: read_events.py RUN_DIR. One line per item:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Starts a real TensorBoard server on loopback, asks it for scalars over HTTP, stops it.
 
 Usage: serve_scalars.py LOGDIR RUN TAG... Prints "run RUN" for each run /data/runs lists, then

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fulgur-plot: a run's metrics.csv (CSVLogger) as a PNG of its curves, drawn
 // by gnuplot. Every column but step and epoch is a series, plotted against
 // step; series that differ only by a train/val/test prefix or a _step/_epoch

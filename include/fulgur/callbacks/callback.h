@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Callback: code that runs at points of the loop without being part of the model.
 // All hooks run on every rank; a callback that writes files checks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // EarlyStopping: stops fit when a monitored metric stops improving.
 

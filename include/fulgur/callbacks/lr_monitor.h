@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // LearningRateMonitor: logs each optimizer's learning rate as "lr-<Name>"
 // (or the scheduler's name), per step or per epoch.

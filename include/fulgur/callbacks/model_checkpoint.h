@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // ModelCheckpoint: saves checkpoints during fit, keeps the best k and "last".
 //

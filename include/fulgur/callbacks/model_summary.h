@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // ModelSummary: at the start of fit, global rank 0 prints a table of the
 // model's top-level submodules (name, type, parameter count) and the totals,

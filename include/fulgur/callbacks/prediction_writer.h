@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // BasePredictionWriter: Lightning's callback for writing predictions. It runs
 // on every rank, so each rank can write its own share (for example to

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // ProgressBar: one line of progress. On a terminal it redraws that line in
 // place; elsewhere (CI logs, files) it prints a plain line now and then.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // DataLoader: batches of a Dataset in the order of a Sampler, optionally
 // prepared ahead by worker threads.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Datasets: random access to samples, assembled into a batch in one call so a
 // dataset held in memory collates with one gather instead of per-sample copies.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // DeviceLoader: a loader whose batches arrive on a device. A background
 // thread takes batches from the wrapped loader and copies them to the device

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // MNIST from the four original IDX files (the names torch's MNIST reader uses).
 

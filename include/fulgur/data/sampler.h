@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Samplers: which dataset indices an epoch visits, in which order.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Character-level language modelling data: a text, its vocabulary, and
 // windows of `block_size` characters whose targets are the next characters.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Collectives over a c10d process group (Gloo). One object per process group;
 // every call is collective: all ranks must make the same calls in the same

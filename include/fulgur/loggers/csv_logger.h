@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // CSVLogger in Lightning's layout:
 //   <root_dir>/<name>/version_<N>/metrics.csv

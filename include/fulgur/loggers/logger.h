@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Logger: where metrics go. Only global rank 0 calls a logger.
 

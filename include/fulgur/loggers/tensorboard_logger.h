@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // TensorBoardLogger in Lightning's layout: TensorBoard event files in
 //   <root_dir>/<name>/version_<N>/events.out.tfevents.<time>.<host>.<pid>.<n>

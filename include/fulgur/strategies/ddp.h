@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // DDPStrategy: data parallel over processes, with each gradient bucket's
 // all-reduce overlapped with backward (PyTorch DDP).

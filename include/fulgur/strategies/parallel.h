@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // ParallelStrategy: one process per device, over one or several nodes: the
 // cluster environment, the launcher, ranks, the process group and its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Strategy names -> strategy objects, resolved once from the Trainer's options.
 

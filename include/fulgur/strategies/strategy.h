@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Strategy: how a model is run on its devices. A Strategy holds
 //  - an Accelerator: the one given, or a CPUAccelerator made by the constructor;

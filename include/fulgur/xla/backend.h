@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The device backend behind `xla` devices. One per process, started by
 // XLAAccelerator::setup_device. The eager backend runs xla devices as plain

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <fulgur/plugins/environments/cluster_environment.h>
 
 #include "launchers/worker_env.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <fulgur/plugins/io/checkpoint_io.h>
 
 #include "serialize/tensor_tree.h"

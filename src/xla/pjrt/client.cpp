@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "xla/pjrt/client.h"
 
 #include "runtime/env.h"

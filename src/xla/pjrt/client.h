@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A PJRT client on one device, the buffers on it and the executables compiled for it. Every
 // handle owns what the plugin gave out and destroys it; a failed call throws PjrtError

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The part of XLA's typed FFI calling convention (stablehlo.custom_call with api_version 4) that
 // fulgur's host kernels (xla/host_kernels.h) use: what XLA passes a handler and what a handler

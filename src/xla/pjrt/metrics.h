@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Counters of the PJRT runtime, for the whole process (every client). Thread-safe.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A PJRT plugin: a shared library whose `GetPjrtApi()` returns the function table of the
 // PJRT C API (pjrt_c_api.h, installed with the pinned CPU plugin; see docs/ARCHITECTURE.md,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "xla/pjrt/plugin_choice.h"
 
 #include "runtime/env.h"

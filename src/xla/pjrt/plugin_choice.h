@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Which PJRT plugin file a process loads, with torch_xla's names:
 //   PJRT_DEVICE=CPU (the default)  the CPU plugin pinned in scripts/requirements-xla.txt: the copy

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Moving libtorch tensors to and from PJRT buffers.
 

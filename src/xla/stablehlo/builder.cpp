@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The StableHLO builder; see builder.h.
 
 #include "xla/stablehlo/builder.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The StableHLO builder the lowering rules write with: typed operands (SSA name, dims, dtype and
 // promotion tier) and ops written in MLIR's generic form into one function body. It knows

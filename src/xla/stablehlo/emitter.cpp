@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The StableHLO emitter's driver; see emitter.h. Emitter::run walks the graph: it finds the live
 // nodes, reports the kinds without a rule, gives the graph's inputs their parameters, calls each
 // live node's lowering rule (the rule table of the op families in rules/, lowering.h) and writes

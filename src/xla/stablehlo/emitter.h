@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // StableHLO text from a typed TorchScript graph: the graphs libtorch's lazy TorchScript lowering
 // makes (plain aten ops, attributes as prim::Constant inputs in schema order), turned into a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The lowering context and the rule table; see lowering.h.
 
 #include "xla/stablehlo/lowering.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Lowering rules: what a rule sees (LoweringContext) and the table that maps an op kind to its
 // rule. A rule is one function, `void rule(LoweringContext& cx, const Node* n)`, that reads the

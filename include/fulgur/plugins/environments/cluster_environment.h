@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // ClusterEnvironment: who this process is in the job (ranks, world size,
 // where the rendezvous is), read from the environment of its launcher. Each

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // CheckpointIO: how a checkpoint dict becomes a file and back.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // GradScaler: dynamic loss scaling for float16 mixed precision ("16-mixed"),
 // as torch.amp.GradScaler: the loss is multiplied by `scale` before backward

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Precision: the numeric format of training: module conversion, input
 // conversion, the context of the model's steps and the optimizer step.

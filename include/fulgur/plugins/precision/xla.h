@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // XLAPrecision: the precision plugin of the xla strategies (Lightning's
 // XLAPrecision), which they require. It holds what a lazy device needs around

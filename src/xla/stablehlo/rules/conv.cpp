@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Convolution rules: convolution and convolution_backward. On a plugin with libtorch's kernels
 // registered (EmitOptions::host_convolutions, the CPU plugin) float32 and float64 convolutions
 // and their gradients are custom calls of those kernels (xla/host_kernels.h); otherwise one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Elementwise rules: arithmetic (add, sub, mul, div, pow, addcmul, addcdiv), unary math and
 // activations (gelu, relu, ...) with their backwards, comparisons, maximum/minimum, clamp and
 // masked_fill, and the scalar arguments the lazy lowering passes as 0-d tensors. Each follows

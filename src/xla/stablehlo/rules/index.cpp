@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Index rules: embedding and its backward (gather, scatter-add), index_select, and triu/tril (a
 // mask of the last two dims' indices).
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Matrix product rules: mm, bmm and addmm as stablehlo.dot_general (XLA:CPU accumulates 16-bit
 // floats in float32 there, as libtorch's BLAS does).
 

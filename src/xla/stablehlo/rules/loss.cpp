@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Loss rules: binary cross-entropy and smooth L1, with their backwards, as libtorch's CPU kernels
 // write them. 16-bit floats are computed in float32 and each result rounded once; the mean
 // reduction sums in float32 too.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Normalization rules: native_layer_norm and native_batch_norm with their backwards. 16-bit
 // floats are computed in float32 (statistics, normalization, the backwards' sums) and each result
 // rounded once, as libtorch's kernels do.

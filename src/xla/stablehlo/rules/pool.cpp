@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Pooling rules over the last two dims of a [N, C, H, W] or [C, H, W] input: max_pool2d with
 // indices and its backward, with the threshold-before-pool rewrite of threshold_backward (ReLU's
 // backward), and avg_pool2d and _adaptive_avg_pool2d with their backwards (sums in float32 for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reduction rules: sum and mean, vector norms, max and min (whole, or along a dim with indices).
 // 16-bit floats accumulate in float32 and round once, as libtorch's kernels do.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shape rules: views and copies (view, expand, transpose, permute, squeeze, _to_copy's dtype
 // conversion), slicing and its scatter, select, cat and stack, and the int arguments the lazy
 // lowering passes as 0-d tensors. None computes beyond a conversion; each moves or copies values.

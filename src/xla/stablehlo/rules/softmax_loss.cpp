@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Softmax and loss rules: (log_)softmax and their backwards, NLL loss and its backward. 16-bit
 // floats are computed in float32 and each result rounded once, as libtorch's kernels do.
 
