@@ -191,6 +191,12 @@ int run_entry(const Entry& entry) {
       const c10::Device dev = xla::backend().device();
       move_module(*lazy, dev);
       const at::Tensor got = loss_and_grads(*lazy, entry, dev);
+      // What did not compile with XLA (for the list in module_mover.h): graphs kept on
+      // TorchScript by op, and ops the lazy core ran on the host.
+      std::string off;
+      for (const auto& [op, n] : xla::metrics().xla_fallbacks) off += " " + op;
+      for (const auto& [op, n] : xla::metrics().eager_fallbacks) off += " host:" + op;
+      std::fprintf(stderr, "module matrix: %s ran%s\n", entry.name.c_str(), off.empty() ? " all on XLA" : (":" + off).c_str());
       if (got.sizes() != want.sizes() || !torch::allclose(got, want, entry.tol, entry.tol)) {
         std::fprintf(stderr, "%s: xla %s\neager %s\n", entry.name.c_str(), c10::str(got).c_str(), c10::str(want).c_str());
         std::_Exit(1);
