@@ -16,6 +16,7 @@
 #include "runtime/threads.h"
 
 #include <dlfcn.h>
+#include <sys/wait.h>
 #include <sched.h>
 
 #include <array>
@@ -27,6 +28,7 @@
 #include <optional>
 #include <regex>
 #include <set>
+#include <sstream>
 
 using namespace fulgur;
 
@@ -524,4 +526,53 @@ TEST(License, EverySourceFileCarriesTheSpdxIdentifier) {
     ++checked;
   }
   EXPECT_GT(checked, 200);
+}
+
+// The programs' command lines: --help describes every option with its default, and a usage
+// error exits with 2 and names the option (CLI11's own codes were 104-109).
+TEST(CommandLine, HelpDescribesEveryOptionAndUsageErrorsExitWithTwo) {
+  auto run = [](const std::string& cmd, int* rc) {
+    FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+    std::string out;
+    char buf[4096];
+    for (size_t n; p && (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    const int status = p ? ::pclose(p) : -1;
+    *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return out;
+  };
+  for (const char* prog : {"mnist", "charlm"}) {
+    const std::string bin = fulgur::testing::program(prog);
+    int rc = 0;
+    const std::string help = run(bin + " --help", &rc);
+    EXPECT_EQ(rc, 0) << prog;
+    std::istringstream lines(help);
+    int options = 0;
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("  --", 0) != 0 || line.find("--help") != std::string::npos || line.find("--version") != std::string::npos)
+        continue;
+      ++options;
+      // "  --name TYPE=default   description"; a long one puts the description on the next line.
+      std::istringstream words(line);
+      std::vector<std::string> w;
+      for (std::string x; words >> x;) w.push_back(x);
+      const bool valued = w.size() > 1 && w[1].find_first_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ") == 0;
+      EXPECT_TRUE(!valued || w[1].find('=') != std::string::npos || line.find("(unset") != std::string::npos)
+          << prog << ": no default shown: " << line;
+      bool described = w.size() > (valued ? 2u : 1u);
+      if (!described) {
+        const auto mark = lines.tellg();
+        std::string next;
+        described = std::getline(lines, next) && next.rfind("  -", 0) != 0 && next.find_first_not_of(' ') != std::string::npos;
+        lines.seekg(mark);
+      }
+      EXPECT_TRUE(described) << prog << ": no description: " << line;
+    }
+    EXPECT_GT(options, 10) << help;
+    const std::string bogus = run(bin + " --bogus", &rc);
+    EXPECT_EQ(rc, 2) << prog << ": " << bogus;
+    EXPECT_NE(bogus.find("--bogus"), std::string::npos) << bogus;
+    const std::string bad = run(bin + (std::string(prog) == "mnist" ? " --max-epochs abc" : " --max-steps abc"), &rc);
+    EXPECT_EQ(rc, 2) << prog << ": " << bad;
+    EXPECT_NE(bad.find("abc"), std::string::npos) << bad;
+  }
 }

@@ -12,6 +12,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"Train a character-level transformer on the King James Bible with fulgur"};
+  app.option_defaults()->always_capture_default();  // --help shows each default
   std::string accelerator = "xla", devices = "auto", strategy = "xla", precision = "32-true";
   std::string root = "runs/charlm", ckpt_path, text = "data/kjv.txt", start_method = "fork";
   int64_t max_steps = 600, batch_size = 32, sample_chars = 300, val_batches = 20, max_restarts = 0, save_every = 0;
@@ -21,18 +22,18 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices, "auto, a count, or indices like 0,1");
   app.add_option("--strategy", strategy, "auto, single_device, ddp, xla, xla_debug");
   app.add_option("--precision", precision, "32-true or bf16-true; bf16-mixed and 16-mixed on cuda");
-  app.add_option("--max-steps", max_steps);
+  app.add_option("--max-steps", max_steps, "optimizer steps to train");
   app.add_option("--batch-size", batch_size, "per device");
   app.add_option("--block-size", cfg.block_size, "characters of context");
-  app.add_option("--n-embd", cfg.n_embd);
-  app.add_option("--n-head", cfg.n_head);
-  app.add_option("--n-layer", cfg.n_layer);
-  app.add_option("--lr", cfg.lr);
+  app.add_option("--n-embd", cfg.n_embd, "embedding width");
+  app.add_option("--n-head", cfg.n_head, "attention heads per block");
+  app.add_option("--n-layer", cfg.n_layer, "transformer blocks");
+  app.add_option("--lr", cfg.lr, "AdamW's learning rate");
   app.add_option("--val-batches", val_batches, "validation batches at the end of training");
   app.add_option("--sample-chars", sample_chars, "characters to sample after training");
-  app.add_option("--seed", seed);
-  app.add_option("--default-root-dir", root);
-  app.add_option("--ckpt-path", ckpt_path, "resume from: a file, last or best");
+  app.add_option("--seed", seed, "seed_everything and the sampler's seed");
+  app.add_option("--default-root-dir", root, "where logs and checkpoints go");
+  app.add_option("--ckpt-path", ckpt_path, "resume from: a file, last or best (unset: a fresh run)");
   app.add_option("--text", text, "the training text");
   app.add_option("--start-method", start_method, "fork or spawn");
   app.add_option("--max-restarts", max_restarts,
@@ -40,7 +41,14 @@ int main(int argc, char** argv) {
   app.add_option("--save-every-n-steps", save_every,
                  "also write last.ckpt every N optimizer steps (0: only at the validation after max-steps)");
   app.set_version_flag("--version", "charlm (fulgur " + fulgur::version() + ")");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; a usage error prints CLI11's message (it names the option)
+    // and exits 2, as argparse and getopt programs do.
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
 
   try {
     fulgur::seed_everything(seed);

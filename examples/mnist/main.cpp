@@ -33,6 +33,7 @@ struct SaveWeights : fulgur::Callback {
 
 int main(int argc, char** argv) {
   CLI::App app{"Train a small CNN on MNIST with fulgur"};
+  app.option_defaults()->always_capture_default();  // --help shows each default
   std::string model_name = "cnn", accelerator = "auto", devices = "1", strategy = "auto", precision = "32-true";
   std::string root = "runs/mnist", ckpt_path, data_dir = "data/mnist", start_method = "fork", save_weights;
   int64_t max_epochs = 1, max_steps = -1, batch_size = 64, train_limit = 0, num_nodes = 1, timeout_s = 1800;
@@ -47,26 +48,33 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "32-true, bf16-true, bf16-mixed (cpu, cuda) or 16-mixed (cuda)");
   if (const char* nodes = std::getenv("NUM_NODES"); nodes && *nodes) num_nodes = std::atoll(nodes);
   app.add_option("--num-nodes", num_nodes, "machines in the job (default: $NUM_NODES, else 1)");
-  app.add_option("--max-epochs", max_epochs);
-  app.add_option("--max-steps", max_steps);
+  app.add_option("--max-epochs", max_epochs, "epochs to train (-1: no limit)");
+  app.add_option("--max-steps", max_steps, "optimizer steps to train (-1: no limit)");
   app.add_option("--limit-train-batches", limit_train, "fraction (<=1.0) or count (>1) of batches per epoch");
   app.add_option("--train-samples", train_limit, "use only the first N training images (0: all 55,000)");
   app.add_option("--batch-size", batch_size, "per device");
-  app.add_option("--lr", lr);
-  app.add_option("--seed", seed);
-  app.add_option("--default-root-dir", root);
-  app.add_option("--ckpt-path", ckpt_path, "resume from: a file, last or best");
-  app.add_option("--data-dir", data_dir);
+  app.add_option("--lr", lr, "Adam's learning rate");
+  app.add_option("--seed", seed, "seed_everything and the sampler's seed");
+  app.add_option("--default-root-dir", root, "where logs and checkpoints go");
+  app.add_option("--ckpt-path", ckpt_path, "resume from: a file, last or best (unset: a fresh run)");
+  app.add_option("--data-dir", data_dir, "the MNIST idx files");
   app.add_option("--start-method", start_method, "fork or spawn");
   app.add_option("--collective-timeout", timeout_s, "seconds a collective or the rendezvous may wait")
       ->check(CLI::PositiveNumber);
   app.add_option("--max-restarts", max_restarts,
                  "start the workers again after a failure up to N times, resuming from last.ckpt (ddp, xla)");
   app.add_option("--save-every-n-steps", save_every, "also write last.ckpt every N optimizer steps (0: at epoch end)");
-  app.add_option("--save-weights", save_weights, "folder: each rank writes its final parameters to rank-<R>.pt");
+  app.add_option("--save-weights", save_weights, "folder: each rank writes its final parameters to rank-<R>.pt (unset: none written)");
   app.add_flag("--no-test", no_test, "skip the test run after fit");
   app.set_version_flag("--version", "mnist (fulgur " + fulgur::version() + ")");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; a usage error prints CLI11's message (it names the option)
+    // and exits 2, as argparse and getopt programs do.
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
 
   try {
     fulgur::seed_everything(seed);

@@ -83,12 +83,20 @@ std::optional<std::string> number(const std::string& cell) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Plots a fulgur run's metrics.csv (training and validation curves) into a PNG with gnuplot"};
+  app.option_defaults()->always_capture_default();  // --help shows each default
   std::string input, output, size = "1000x700";
   app.add_option("run", input, "A run's folder (<root>/lightning_logs/version_N) or its metrics.csv")->required();
   app.add_option("-o,--output", output, "The PNG to write (default: metrics.png beside metrics.csv)");
   app.add_option("--size", size, "WIDTHxHEIGHT in pixels")->capture_default_str();
   app.set_version_flag("--version", "fulgur-plot (fulgur " + fulgur::version() + ")");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; a usage error prints CLI11's message (it names the option)
+    // and exits 2, as argparse and getopt programs do.
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
 
   const fs::path csv = fs::is_directory(input) ? fs::path(input) / "metrics.csv" : fs::path(input);
   if (output.empty()) output = (csv.parent_path() / "metrics.png").string();
