@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fulgur::lr_scheduler {
@@ -152,6 +153,7 @@ class OneCycleLR : public Schedule {
     double start_lr, end_lr;  // factors of max_lr
     double start_momentum, end_momentum;
   };
+  std::pair<const Phase*, double> phase_at(int64_t epoch) const;
   double anneal(double start, double end, double pct) const;
   void set_momentum(double momentum);
   double max_lr_;

@@ -148,35 +148,31 @@ double OneCycleLR::anneal(double start, double end, double pct) const {
   return (end - start) * pct + start;
 }
 
+// The phase `epoch` falls in (the last one past its end, as Python extrapolates) and how far
+// into it, in [0, 1] inside it.
+std::pair<const OneCycleLR::Phase*, double> OneCycleLR::phase_at(int64_t epoch) const {
+  double start_step = 0;
+  const double step = static_cast<double>(epoch);
+  for (size_t i = 0; i < phases_.size(); ++i) {
+    const Phase& p = phases_[i];
+    if (step <= p.end_step || i + 1 == phases_.size()) return {&p, (step - start_step) / (p.end_step - start_step)};
+    start_step = p.end_step;
+  }
+  return {&phases_.back(), 1.0};
+}
+
 std::vector<double> OneCycleLR::lrs_at(int64_t epoch) const {
   if (epoch > total_steps_) {
     throw std::invalid_argument("OneCycleLR: tried to step " + std::to_string(epoch) +
                                 " times; the specified number of total steps is " + std::to_string(total_steps_));
   }
-  double start_step = 0;
-  const double step = static_cast<double>(epoch);
-  for (size_t i = 0; i < phases_.size(); ++i) {
-    const Phase& p = phases_[i];
-    if (step <= p.end_step || i + 1 == phases_.size()) {
-      const double pct = (step - start_step) / (p.end_step - start_step);
-      return std::vector<double>(base_lrs_.size(), max_lr_ * anneal(p.start_lr, p.end_lr, pct));
-    }
-    start_step = p.end_step;
-  }
-  return base_lrs_;
+  const auto [p, pct] = phase_at(epoch);
+  return std::vector<double>(base_lrs_.size(), max_lr_ * anneal(p->start_lr, p->end_lr, pct));
 }
 
 double OneCycleLR::momentum_at(int64_t epoch) const {
-  double start_step = 0;
-  const double step = static_cast<double>(epoch);
-  for (size_t i = 0; i < phases_.size(); ++i) {
-    const Phase& p = phases_[i];
-    if (step <= p.end_step || i + 1 == phases_.size()) {
-      return anneal(p.start_momentum, p.end_momentum, (step - start_step) / (p.end_step - start_step));
-    }
-    start_step = p.end_step;
-  }
-  return options_.max_momentum();
+  const auto [p, pct] = phase_at(epoch);
+  return anneal(p->start_momentum, p->end_momentum, pct);
 }
 
 void OneCycleLR::set_momentum(double momentum) {

@@ -1,4 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
+// The PJRT client, its buffers and executables (client.h), and what a process sets up before its
+// client exists (which device a rank owns, the TPU variables, the device count). Long because
+// every PJRT call here fills and checks its own argument struct.
 #include "xla/pjrt/client.h"
 
 #include "runtime/env.h"
@@ -336,21 +339,22 @@ Client::Client(const Plugin& plugin, const ClientOptions& options) : plugin_(&pl
   const std::string device_count = "cpu_device_count", visible = "visible_devices";
   PJRT_NamedValue create_options[2]{};
   size_t num_options = 0;
-  if (options.cpu_device_count) {
+  // The next create option, named (the name outlives the call) and typed; the caller sets its value.
+  auto option = [&](const std::string& name, PJRT_NamedValue_Type type) -> PJRT_NamedValue& {
     PJRT_NamedValue& v = create_options[num_options++];
     v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
-    v.name = device_count.c_str();
-    v.name_size = device_count.size();
-    v.type = PJRT_NamedValue_kInt64;
+    v.name = name.c_str();
+    v.name_size = name.size();
+    v.type = type;
+    return v;
+  };
+  if (options.cpu_device_count) {
+    PJRT_NamedValue& v = option(device_count, PJRT_NamedValue_kInt64);
     v.int64_value = *options.cpu_device_count;
     v.value_size = 1;
   }
   if (options.visible_devices) {
-    PJRT_NamedValue& v = create_options[num_options++];
-    v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
-    v.name = visible.c_str();
-    v.name_size = visible.size();
-    v.type = PJRT_NamedValue_kInt64List;
+    PJRT_NamedValue& v = option(visible, PJRT_NamedValue_kInt64List);
     v.int64_array_value = options.visible_devices->data();
     v.value_size = options.visible_devices->size();
   }
