@@ -9,6 +9,7 @@
 #include <fulgur/strategies/single_device.h>
 #include <fulgur/strategies/xla.h>
 
+#include <fulgur/environment.h>
 #include <gtest/gtest.h>
 
 #include "runtime/env.h"
@@ -414,6 +415,20 @@ TEST(Environment, ReadmeListsExactlyTheTable) {
 // table (the names given to the env.h readers, and the launcher's own in
 // worker_env.h), each row is there once, and nothing calls getenv but env.h
 // and the table itself.
+TEST(Environment, HelpLinesComeFromTheTableAndAnUnknownNameIsAnError) {
+  const std::string help = fulgur::environment_help({"PJRT_DEVICE", "MASTER_PORT"});
+  EXPECT_EQ(help.substr(0, 15), "  PJRT_DEVICE  ");
+  EXPECT_NE(help.find(runtime::environment_variable("PJRT_DEVICE").doc), std::string::npos) << help;
+  EXPECT_NE(help.find("\n  MASTER_PORT  "), std::string::npos) << help;
+  EXPECT_EQ(help.find('`'), std::string::npos) << help;
+  try {
+    fulgur::environment_help({"PJRT_DEVIC"});
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'PJRT_DEVIC'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Environment, EverySourceReadsOnlyVariablesOfTheTable) {
   std::set<std::string> names;
   for (const auto& v : runtime::environment_variables()) EXPECT_TRUE(names.insert(v.name).second) << v.name << " twice";
@@ -568,6 +583,13 @@ TEST(CommandLine, HelpDescribesEveryOptionAndUsageErrorsExitWithTwo) {
       EXPECT_TRUE(described) << prog << ": no description: " << line;
     }
     EXPECT_GT(options, 10) << help;
+    // The environment variables that matter, each with what it does and what unset means.
+    for (const char* var : {"PJRT_DEVICE", "XLA_NUM_DEVICES", "MASTER_ADDR", "OMP_NUM_THREADS"}) {
+      const auto at = help.find(std::string("\n  ") + var + " ");
+      ASSERT_NE(at, std::string::npos) << prog << " --help does not list " << var << ":\n" << help;
+      const std::string line = help.substr(at + 1, help.find('\n', at + 1) - at - 1);
+      EXPECT_NE(line.find("(unset: "), std::string::npos) << line;
+    }
     const std::string bogus = run(bin + " --bogus", &rc);
     EXPECT_EQ(rc, 2) << prog << ": " << bogus;
     EXPECT_NE(bogus.find("--bogus"), std::string::npos) << bogus;

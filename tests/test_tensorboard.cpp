@@ -352,12 +352,33 @@ static_assert(!std::is_constructible_v<LoggerChoice, const char*>);
 
 // One `logger` field takes what Lightning's logger= takes: true, false, a
 // logger, or several (an empty list is none).
+// Nothing chosen: TensorBoard's reader and the CSV both see the fit's rows, in one version folder.
+TEST(TensorBoard, ByDefaultAFitWritesEventsAndCsvInOneVersionFolder) {
+  TempDir dir;
+  WithHparams model;
+  Trainer trainer(TrainerOptions().accelerator("cpu").devices(1).default_root_dir(dir.path).enable_progress_bar(false)
+                      .num_sanity_val_steps(0).max_epochs(2).log_every_n_steps(1).enable_model_summary(false));
+  auto data = regression_data(32);
+  trainer.fit(model, std::make_shared<DataLoader>(data, DataLoaderOptions(8)));
+  const std::string run_dir = dir.path + "/lightning_logs/version_0";
+  EXPECT_EQ(trainer.log_dir(), run_dir);
+  EXPECT_FALSE(fs::exists(dir.path + "/lightning_logs/version_1"));
+  const Series from_csv = csv_series(run_dir + "/metrics.csv");
+  ASSERT_EQ(from_csv.at("train_loss").size(), 8u);
+  Series tb_series = scalars_in(run(python() + " " + script("read_events.py") + " " + run_dir, 120));
+  ASSERT_EQ(tb_series["train_loss"].size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(tb_series["train_loss"][i].first, from_csv.at("train_loss")[i].first) << i;
+  }
+}
+
 TEST(TensorBoard, LoggerTakesABoolALoggerOrSeveral) {
   TempDir dir;
   auto quiet = [&] { return TrainerOptions().default_root_dir(dir.path).enable_progress_bar(false); };
   Trainer with_default(quiet());
-  ASSERT_EQ(with_default.loggers().size(), 1u);
-  EXPECT_NE(dynamic_cast<CSVLogger*>(with_default.logger().get()), nullptr);
+  ASSERT_EQ(with_default.loggers().size(), 2u);
+  EXPECT_NE(dynamic_cast<TensorBoardLogger*>(with_default.loggers()[0].get()), nullptr);
+  EXPECT_NE(dynamic_cast<CSVLogger*>(with_default.loggers()[1].get()), nullptr);
   EXPECT_TRUE(Trainer(quiet().logger(false)).loggers().empty());
   EXPECT_TRUE(Trainer(quiet().logger(std::vector<std::shared_ptr<Logger>>{})).loggers().empty());
   auto tb = std::make_shared<TensorBoardLogger>(dir.path);
@@ -384,6 +405,6 @@ TEST(TensorBoard, NullLoggerIsRefusedNamingItsPlace) {
     FAIL() << "a null logger among two was accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_THAT(e.what(), HasSubstr("logger 1 of the 2 given is null"));
-    EXPECT_THAT(e.what(), HasSubstr("true (a CSVLogger in default_root_dir) or false (none)"));
+    EXPECT_THAT(e.what(), HasSubstr("true (a TensorBoardLogger and a CSVLogger in default_root_dir) or false (none)"));
   }
 }

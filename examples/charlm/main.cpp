@@ -6,6 +6,7 @@
 #include "charlm_module.h"
 
 #include <CLI/CLI.hpp>
+#include <fulgur/environment.h>
 #include <fulgur/version.h>
 
 #include <cstdio>
@@ -40,6 +41,10 @@ int main(int argc, char** argv) {
                  "start the workers again after a failure up to N times, resuming from last.ckpt (ddp, xla)");
   app.add_option("--save-every-n-steps", save_every,
                  "also write last.ckpt every N optimizer steps (0: only at the validation after max-steps)");
+  app.footer("\nEnvironment (README.md lists every variable fulgur reads):\n" +
+             fulgur::environment_help({"PJRT_DEVICE", "XLA_NUM_DEVICES", "FULGUR_XLA_BACKEND", "CUDA_VISIBLE_DEVICES",
+                                     "NUM_NODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+                                     "FULGUR_LOG_LEVEL"}));
   app.set_version_flag("--version", "charlm (fulgur " + fulgur::version() + ")");
   try {
     app.parse(argc, argv);

@@ -6,6 +6,7 @@
 #include "mnist_module.h"
 
 #include <CLI/CLI.hpp>
+#include <fulgur/environment.h>
 #include <fulgur/version.h>
 
 #include <cstdio>
@@ -66,6 +67,10 @@ int main(int argc, char** argv) {
   app.add_option("--save-every-n-steps", save_every, "also write last.ckpt every N optimizer steps (0: at epoch end)");
   app.add_option("--save-weights", save_weights, "folder: each rank writes its final parameters to rank-<R>.pt (unset: none written)");
   app.add_flag("--no-test", no_test, "skip the test run after fit");
+  app.footer("\nEnvironment (README.md lists every variable fulgur reads):\n" +
+             fulgur::environment_help({"PJRT_DEVICE", "XLA_NUM_DEVICES", "FULGUR_XLA_BACKEND", "CUDA_VISIBLE_DEVICES",
+                                     "NUM_NODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+                                     "FULGUR_LOG_LEVEL"}));
   app.set_version_flag("--version", "mnist (fulgur " + fulgur::version() + ")");
   try {
     app.parse(argc, argv);

@@ -8,16 +8,19 @@
 
 #include <fulgur/accelerators/accelerator.h>
 #include <fulgur/callbacks/callback.h>
+#include <fulgur/callbacks/device_stats_monitor.h>
 #include <fulgur/callbacks/early_stopping.h>
 #include <fulgur/callbacks/lr_monitor.h>
 #include <fulgur/callbacks/model_checkpoint.h>
 #include <fulgur/callbacks/model_summary.h>
 #include <fulgur/callbacks/prediction_writer.h>
 #include <fulgur/callbacks/progress_bar.h>
+#include <fulgur/callbacks/throughput_monitor.h>
 #include <fulgur/checkpoint.h>
 #include <fulgur/data/data_loader.h>
 #include <fulgur/data/device_loader.h>
 #include <fulgur/data_module.h>
+#include <fulgur/environment.h>
 #include <fulgur/distributed/collectives.h>
 #include <fulgur/launchers/launcher.h>
 #include <fulgur/lightning_module.h>

@@ -82,7 +82,8 @@ class StrategyChoice {
 };
 
 // Where the logged metrics go (Lightning's logger: Union[Logger,
-// Iterable[Logger], bool]): true, a CSVLogger in default_root_dir; false
+// Iterable[Logger], bool]): true, a TensorBoardLogger and a CSVLogger in
+// default_root_dir, sharing one version folder; false
 // (or no loggers), none; a logger; or several.
 // Example: logger(false), logger(std::make_shared<fulgur::CSVLogger>("runs")),
 // logger({tensorboard, csv}).
@@ -95,7 +96,7 @@ class LoggerChoice {
   LoggerChoice(std::shared_ptr<L> logger) : loggers_{std::move(logger)} {}  // NOLINT
   LoggerChoice(std::vector<std::shared_ptr<Logger>> loggers) : loggers_(std::move(loggers)) {}  // NOLINT
   LoggerChoice(std::initializer_list<std::shared_ptr<Logger>> loggers) : loggers_(loggers) {}  // NOLINT
-  // logger(true): the Trainer makes a CSVLogger in default_root_dir.
+  // logger(true): the Trainer makes a TensorBoardLogger and a CSVLogger in default_root_dir.
   bool default_logger() const { return default_logger_; }
   // The loggers given, in order (a null one is refused by the Trainer).
   const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
@@ -154,7 +155,8 @@ struct TrainerOptions {
   TORCH_ARG(bool, enable_checkpointing) = true;
   // Add a ModelSummary (rank 0 prints the model's table at fit start) if none is given.
   TORCH_ARG(bool, enable_model_summary) = true;
-  // true: a CSVLogger in default_root_dir; false: none; a logger; or several
+  // true: a TensorBoardLogger then a CSVLogger in default_root_dir; false:
+  // none; a logger; or several
   // ({tensorboard, csv}, Lightning's logger=[...]). Rank 0 gives each every
   // logged metric and the hparams. The first one's log_dir is
   // Trainer::log_dir() and holds the checkpoints. Their versions are

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "runtime/env_vars.h"
 
+#include <fulgur/environment.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -191,3 +194,24 @@ std::string environment_table_markdown() {
 }
 
 }  // namespace fulgur::runtime
+
+namespace fulgur {
+
+std::string environment_help(const std::vector<std::string>& names) {
+  size_t width = 0;
+  for (const auto& n : names) width = std::max(width, n.size());
+  std::ostringstream out;
+  for (const auto& n : names) {
+    const runtime::EnvVar* row = nullptr;
+    for (const auto& v : runtime::environment_variables())
+      if (n == v.name) row = &v;
+    if (!row) throw std::invalid_argument("environment_help: fulgur reads no variable '" + n + "'");
+    // The table's cells are Markdown; the terminal gets them without backticks.
+    std::string line = std::string(row->doc) + " (unset: " + row->unset + ")";
+    line.erase(std::remove(line.begin(), line.end(), '`'), line.end());
+    out << "  " << n << std::string(width - n.size() + 2, ' ') << line << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace fulgur

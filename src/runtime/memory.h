@@ -6,17 +6,16 @@
 // top of the heap to the system once more than 128 KiB of it is free. A
 // training step frees and reallocates the same activation and gradient
 // blocks every step, so each step pays the page faults of touching them
-// again: on the MNIST CNN (2 processes) 1.7 million minor faults in 200
-// steps, 40% of the time in the kernel, and 4.6x fewer samples/s than with
-// freed memory kept. The policy keeps it: blocks up to kMmapThreshold come
+// again, and a step spends much of its time in the kernel's fault handler
+// (the figures: docs/ARCHITECTURE.md, "Memory"). The policy keeps freed memory: blocks up to kMmapThreshold come
 // from the heap, and the heap is trimmed only above kTrimThreshold of free
 // top. Peak resident memory is the same (the step needs those pages anyway).
 // Threads other than the main one allocate from arenas of their own, made of
 // heaps of at most 64 MiB, and glibc unmaps such a heap (not an arena's first)
 // as soon as it is all free, whatever the thresholds say, unless the top pad
 // (M_TOP_PAD) covers it. XLA:CPU's threads allocate each execution's
-// temporary buffer (49 MiB for charlm's step) that way: 5,300 page faults a
-// step before the policy set the pad to kTopPad. The pad only reserves
+// temporary buffer (tens of MiB for charlm's step) that way, and faulted
+// every page of it in again at every step before the policy set the pad to kTopPad. The pad only reserves
 // address space; untouched pages cost no memory. A program linked with
 // another allocator (fulgur's own link tcmalloc) is not affected: mallopt is
 // glibc's.

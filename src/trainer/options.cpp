@@ -7,6 +7,7 @@
 #include <fulgur/callbacks/model_summary.h>
 #include <fulgur/callbacks/progress_bar.h>
 #include <fulgur/loggers/csv_logger.h>
+#include <fulgur/loggers/tensorboard_logger.h>
 #include <fulgur/strategies/parallel.h>
 #include <fulgur/strategies/registry.h>
 #include <fulgur/trainer.h>
@@ -144,11 +145,17 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
   for (size_t i = 0; i < logger.loggers().size(); ++i) {
     require(logger.loggers()[i] != nullptr,
             "logger: logger " + std::to_string(i) + " of the " + std::to_string(logger.loggers().size()) +
-                " given is null; give a Logger object, true (a CSVLogger in default_root_dir) or false (none)");
+                " given is null; give a Logger object, true (a TensorBoardLogger and a CSVLogger in default_root_dir) or false (none)");
   }
   if (!dev_run) {
     loggers = logger.loggers();
-    if (logger.default_logger()) loggers.push_back(std::make_shared<CSVLogger>(options.default_root_dir()));
+    // Lightning's default is TensorBoard when it is installed; the event-file writer here needs
+    // nothing installed, so both are on: TensorBoard first (Trainer::logger(), as Lightning's),
+    // and the CSV that fulgur-plot, spreadsheets and pandas read. They share one version_<N>.
+    if (logger.default_logger()) {
+      loggers.push_back(std::make_shared<TensorBoardLogger>(options.default_root_dir()));
+      loggers.push_back(std::make_shared<CSVLogger>(options.default_root_dir()));
+    }
   }
 }
 

@@ -11,8 +11,8 @@ namespace fulgur::detail {
 
 // One process looks at its own flag at every batch boundary, which is free.
 // Several processes must stop after the same batch, so they agree, and that
-// costs a collective and a sync point (done at every batch it cost 1.3x in
-// throughput on the 2-process CNN benchmark). They agree every `every()`
+// costs a collective and a sync point, which at every batch is a measurable share
+// of a small model's step (the 2-process CNN benchmark). They agree every `every()`
 // boundaries, where `every()` follows the measured time per batch so that
 // agreements fall about `target` apart: a signal is acted on within about
 // `target` plus one batch, whatever a batch costs. The time measured is the

@@ -56,6 +56,8 @@ std::string Backend::metrics_report() const {
     std::snprintf(buf, sizeof buf, "%.3f", m.xla_compile_seconds);
     o << "  xla compile seconds: " << buf << "  (StableHLO emission and PJRT compile)\n";
     o << "  xla executions:      " << m.xla_executions << "\n";
+    std::snprintf(buf, sizeof buf, "%.4g", m.xla_executed_flops);
+    o << "  xla executed flops:  " << buf << "  (XLA's cost analysis of each program run)\n";
     o << "  bytes to device:     " << m.bytes_to_device << "\n";
     o << "  bytes to host:       " << m.bytes_to_host << "\n";
     o << "  buffers donated:     " << m.xla_buffers_donated << " (" << m.xla_bytes_donated

@@ -11,6 +11,8 @@
 
 #include "runtime/log.h"
 #include "xla/lazy_views.h"
+#include "xla/pjrt/client.h"
+#include "xla/pjrt/metrics.h"
 #include "xla/pjrt_backend.h"
 
 
@@ -173,6 +175,10 @@ class LazyBackend : public Backend {
     unexplained_ = 0;
   }
 
+  std::map<std::string, int64_t> device_memory_stats() const override {
+    return pjrt_ ? pjrt::process_client().memory_stats() : std::map<std::string, int64_t>{};
+  }
+
   BackendMetrics metrics() const override {
     std::lock_guard<std::mutex> lock(mu_);
     BackendMetrics m;
@@ -188,6 +194,9 @@ class LazyBackend : public Backend {
       m.xla_graphs_compiled = p.graphs_compiled;
       m.xla_compile_seconds = p.compile_seconds;
       m.xla_executions = p.executions;
+      const pjrt::RuntimeMetrics r = pjrt::runtime_metrics();
+      m.xla_executed_flops = r.executed_flops;
+      m.xla_executions_without_flops = r.executions_without_flops;
       m.bytes_to_device = p.bytes_to_device;
       m.bytes_to_host = p.bytes_to_host;
       m.xla_fallbacks = p.fallbacks;

@@ -47,7 +47,7 @@ step("install" ${CMAKE_COMMAND} --install ${FULGUR_BUILD_DIR} --prefix ${prefix}
 # The checkout's libtorch and CPU plugin are copied into the package; ones elsewhere are not.
 set(expected lib/libfulgur.a include/fulgur/trainer.h lib/cmake/fulgur/fulgurConfig.cmake
              lib/cmake/fulgur/fulgurConfigVersion.cmake lib/cmake/fulgur/fulgurTargets.cmake
-             lib/cmake/fulgur/FulgurLibtorch.cmake)
+             lib/cmake/fulgur/FulgurLibtorch.cmake bin/fulgur-plot)
 if(COPIES_LIBTORCH)
   list(APPEND expected lib/fulgur/libtorch/lib/libtorch_cpu.so lib/fulgur/libtorch/share/cmake/Torch/TorchConfigVersion.cmake)
 endif()
@@ -59,6 +59,12 @@ foreach(f IN LISTS expected)
     message(FATAL_ERROR "install: ${prefix}/${f} is missing")
   endif()
 endforeach()
+
+# fulgur-plot comes with the package and runs from it.
+step("installed fulgur-plot" ${prefix}/bin/fulgur-plot --version)
+if(NOT step_output MATCHES "^fulgur-plot \\(fulgur ")
+  message(FATAL_ERROR "installed fulgur-plot --version printed:\n${step_output}")
+endif()
 
 # The outside project sets no C++ standard: the package's targets carry the one libtorch needs.
 step("find_package: configure" ${CMAKE_COMMAND} -S ${consumer} -B ${WORK_DIR}/find ${common}

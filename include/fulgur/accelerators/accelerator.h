@@ -5,6 +5,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,12 @@ class Accelerator {
   // Called once inside each worker before any tensor touches the device.
   virtual void setup_device(const c10::Device& device) = 0;
   virtual void teardown() {}
+  // Statistics of `device` by name, as Lightning's get_device_stats (DeviceStatsMonitor logs
+  // them). Here, the host's: cpu_percent (all cores, since the previous call in this process),
+  // cpu_vm_percent and cpu_swap_percent (memory and swap in use), process_rss_bytes and
+  // process_peak_rss_bytes (this process's resident memory, now and at its peak), read from
+  // /proc. Empty where /proc cannot be read.
+  virtual std::map<std::string, double> get_device_stats(const c10::Device& device) const;
 };
 
 class CPUAccelerator : public Accelerator {
@@ -50,6 +57,10 @@ class XLAAccelerator : public Accelerator {
   // Starts the xla backend of this process (once).
   void setup_device(const c10::Device& device) override;
   void teardown() override;
+  // The device's allocator statistics from the PJRT plugin, in bytes (bytes_in_use,
+  // peak_bytes_in_use, bytes_limit... as the plugin gives them); on a plugin without them (the
+  // CPU plugin, whose device memory is the host's), the host's statistics.
+  std::map<std::string, double> get_device_stats(const c10::Device& device) const override;
 };
 
 // NVIDIA GPUs through libtorch's CUDA (a libtorch with libtorch_cuda; see

@@ -38,6 +38,11 @@ struct BackendMetrics {
   int64_t xla_graphs_compiled = 0;
   double xla_compile_seconds = 0.0;
   int64_t xla_executions = 0;
+  // Floating-point operations of the programs XLA ran, by XLA's cost analysis of each compiled
+  // program (two per multiply-add), summed over their executions; and the executions of
+  // programs whose plugin gave no cost analysis (not in the sum).
+  double xla_executed_flops = 0.0;
+  int64_t xla_executions_without_flops = 0;
   int64_t bytes_to_device = 0;
   int64_t bytes_to_host = 0;
   std::map<std::string, int64_t> xla_fallbacks;
@@ -63,6 +68,10 @@ class Backend {
   // Drops cached graphs and device data.
   virtual void reset() {}
   virtual BackendMetrics metrics() const { return BackendMetrics{}; }
+  // The device's allocator statistics in bytes by name (PJRT_Device_MemoryStats: bytes_in_use,
+  // peak_bytes_in_use, bytes_limit... as the plugin gives them); empty for the eager and
+  // TorchScript backends and for a plugin without statistics.
+  virtual std::map<std::string, int64_t> device_memory_stats() const { return {}; }
   // Readable text: the numbers of metrics(), plus backend details.
   virtual std::string metrics_report() const;
   // The inputs of the step about to be traced (the batch tensors). Only their

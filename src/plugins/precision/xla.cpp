@@ -45,7 +45,7 @@ void XLAPrecision::optimizer_step(torch::optim::Optimizer& optimizer, const torc
   // step has one graph to sync and run instead of two (MNIST MLP step 0.88x,
   // bench/history/libtorch-1.13.md). With the TorchScript backend the forward and backward
   // stay a graph of their own: one graph for the whole step was slower there
-  // (charlm 152 against 115 ms, MNIST CNN 95 against 65 ms).
+  // (charlm and the MNIST CNN, bench/history/libtorch-1.13.md).
   if (xla::backend().name() != "pjrt") xla::mark_step();
   if (before_step) before_step();
   update(optimizer);

@@ -16,6 +16,8 @@
 #include <deque>
 #include <mutex>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include <sys/wait.h>
@@ -44,7 +46,8 @@ static_assert(static_cast<int>(ElementType::f32) == PJRT_Buffer_Type_F32);
 static_assert(static_cast<int>(ElementType::f64) == PJRT_Buffer_Type_F64);
 static_assert(static_cast<int>(ElementType::bf16) == PJRT_Buffer_Type_BF16);
 
-// Frees the error of a destroy call made from a destructor, where it cannot be reported.
+// Frees an error that is not reported: of a destroy call made from a destructor, or of an
+// optional query the plugin does not support.
 void destroy_quietly(const Plugin& plugin, PJRT_Error* error) {
   if (!error) return;
   PJRT_Error_Destroy_Args d{};
@@ -233,6 +236,32 @@ struct Executable::Donated {
   }
 };
 
+namespace {
+
+// The "flops" property of XLA's cost analysis of the compiled program (HloCostAnalysis: two per
+// multiply-add of a dot or convolution, one per elementwise op), or -1 when the plugin has no
+// cost analysis or does not give that property. The properties belong to `executable`, so they
+// are read before it is destroyed.
+double cost_analysis_flops(const Plugin& plugin, PJRT_Executable* executable) {
+  if (!plugin.api()->PJRT_Executable_GetCostAnalysis) return -1;
+  PJRT_Executable_GetCostAnalysis_Args c{};
+  c.struct_size = PJRT_Executable_GetCostAnalysis_Args_STRUCT_SIZE;
+  c.executable = executable;
+  if (PJRT_Error* error = plugin.api()->PJRT_Executable_GetCostAnalysis(&c)) {
+    destroy_quietly(plugin, error);
+    return -1;
+  }
+  for (size_t i = 0; i < c.num_properties; ++i) {
+    const PJRT_NamedValue& v = c.properties[i];
+    if (std::string_view(v.name, v.name_size) != "flops") continue;
+    if (v.type == PJRT_NamedValue_kFloat) return v.float_value;
+    if (v.type == PJRT_NamedValue_kInt64) return static_cast<double>(v.int64_value);
+  }
+  return -1;
+}
+
+}  // namespace
+
 Executable::Executable(const Plugin& plugin, PJRT_Device* device, PJRT_LoadedExecutable* executable)
     : plugin_(&plugin), device_(device), executable_(executable), donated_(std::make_unique<Donated>()) {
   PJRT_LoadedExecutable_GetExecutable_Args g{};
@@ -244,6 +273,7 @@ Executable::Executable(const Plugin& plugin, PJRT_Device* device, PJRT_LoadedExe
     n.struct_size = PJRT_Executable_NumOutputs_Args_STRUCT_SIZE;
     n.executable = g.executable;
     PJRT_Error* error = plugin.api()->PJRT_Executable_NumOutputs(&n);
+    if (!error) flops_ = cost_analysis_flops(plugin, g.executable);
     PJRT_Executable_Destroy_Args d{};
     d.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE;
     d.executable = g.executable;
@@ -261,6 +291,7 @@ Executable::Executable(Executable&& other) noexcept
       device_(other.device_),
       executable_(std::exchange(other.executable_, nullptr)),
       num_outputs_(other.num_outputs_),
+      flops_(other.flops_),
       donated_(std::move(other.donated_)) {}
 
 Executable& Executable::operator=(Executable&& other) noexcept {
@@ -271,6 +302,7 @@ Executable& Executable::operator=(Executable&& other) noexcept {
     device_ = other.device_;
     executable_ = std::exchange(other.executable_, nullptr);
     num_outputs_ = other.num_outputs_;
+    flops_ = other.flops_;
     donated_ = std::move(other.donated_);
   }
   return *this;
@@ -323,7 +355,7 @@ std::vector<Buffer> Executable::execute(const std::vector<const Buffer*>& args,
     std::lock_guard<std::mutex> lock(donated_->mu);
     donated_->pending.emplace_back(std::move(event), std::move(donated));
   }
-  detail::count_execution();
+  detail::count_execution(flops_);
   std::vector<Buffer> result;
   result.reserve(outputs.size());
   for (PJRT_Buffer* b : outputs) result.push_back(Buffer(*plugin_, b));
@@ -540,6 +572,33 @@ Executable Client::compile(const std::string& stablehlo) const {
   plugin_->check(plugin_->api()->PJRT_Client_Compile(&a), "PJRT_Client_Compile");
   detail::count_compile(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return Executable(*plugin_, device_, a.executable);
+}
+
+std::map<std::string, int64_t> Client::memory_stats() const {
+  std::map<std::string, int64_t> stats;
+  if (!plugin_->api()->PJRT_Device_MemoryStats) return stats;
+  PJRT_Device_MemoryStats_Args a{};
+  a.struct_size = PJRT_Device_MemoryStats_Args_STRUCT_SIZE;
+  a.device = device_;
+  if (PJRT_Error* error = plugin_->api()->PJRT_Device_MemoryStats(&a)) {
+    destroy_quietly(*plugin_, error);  // the CPU plugin, for one, has none
+    return stats;
+  }
+  stats["bytes_in_use"] = a.bytes_in_use;
+  const auto optional = [&](const char* name, int64_t value, bool is_set) {
+    if (is_set) stats[name] = value;
+  };
+  optional("peak_bytes_in_use", a.peak_bytes_in_use, a.peak_bytes_in_use_is_set);
+  optional("num_allocs", a.num_allocs, a.num_allocs_is_set);
+  optional("largest_alloc_size", a.largest_alloc_size, a.largest_alloc_size_is_set);
+  optional("bytes_limit", a.bytes_limit, a.bytes_limit_is_set);
+  optional("bytes_reserved", a.bytes_reserved, a.bytes_reserved_is_set);
+  optional("peak_bytes_reserved", a.peak_bytes_reserved, a.peak_bytes_reserved_is_set);
+  optional("bytes_reservable_limit", a.bytes_reservable_limit, a.bytes_reservable_limit_is_set);
+  optional("largest_free_block_bytes", a.largest_free_block_bytes, a.largest_free_block_bytes_is_set);
+  optional("pool_bytes", a.pool_bytes, a.pool_bytes_is_set);
+  optional("peak_pool_bytes", a.peak_pool_bytes, a.peak_pool_bytes_is_set);
+  return stats;
 }
 
 Buffer Client::to_device(const void* data, ElementType type, const std::vector<int64_t>& dims) const {

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,6 +76,9 @@ class Executable {
   ~Executable();
 
   size_t num_outputs() const { return num_outputs_; }
+  // Floating-point operations of one execution by XLA's cost analysis of the compiled program
+  // (PJRT_Executable_GetCostAnalysis, property "flops"); -1 when the plugin does not say.
+  double flops() const { return flops_; }
   // Runs the program on the client's device with `args` (in the order of the program's
   // parameters). The outputs may still be computing when this returns; Buffer::to_host waits.
   //
@@ -97,6 +101,7 @@ class Executable {
   PJRT_Device* device_;
   PJRT_LoadedExecutable* executable_;
   size_t num_outputs_ = 0;
+  double flops_ = -1;
   std::unique_ptr<Donated> donated_;  // reaped, waiting, before the executable is destroyed
 };
 
@@ -156,6 +161,12 @@ class Client {
   // Compiles a StableHLO module given as MLIR text (format "mlir") for one replica and one
   // partition. Throws PjrtError with the plugin's diagnostics if the program is rejected.
   Executable compile(const std::string& stablehlo) const;
+
+  // The allocator statistics of the client's device (PJRT_Device_MemoryStats), by name:
+  // bytes_in_use, and those of peak_bytes_in_use, num_allocs, largest_alloc_size, bytes_limit,
+  // bytes_reserved, peak_bytes_reserved, bytes_reservable_limit, largest_free_block_bytes,
+  // pool_bytes, peak_pool_bytes the plugin gives. Empty when the plugin has no statistics.
+  std::map<std::string, int64_t> memory_stats() const;
 
   // Copies `dims`-shaped dense row-major data of `type` to the device; `data` may be reused as
   // soon as this returns.
