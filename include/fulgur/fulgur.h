@@ -41,3 +41,4 @@
 #include <fulgur/trainer.h>
 #include <fulgur/version.h>
 #include <fulgur/xla/backend.h>
+#include <fulgur/xla/random.h>

@@ -10,6 +10,7 @@
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 #include <fulgur/version.h>
+#include <fulgur/xla/random.h>
 
 #include "optim/optim_state.h"
 #include "runtime/log.h"
@@ -104,6 +105,15 @@ Checkpoint TrainerImpl::dump_checkpoint() {
   at::Tensor gathered = strategy->all_gather(rng).to(torch::kCPU);
   if (gathered.dim() == 1) gathered = gathered.unsqueeze(0);  // one process: no gather happened
   rng_states.insert("torch", gathered);
+  // On xla devices every rank's device generator state (key, offset) too: a resumed run draws
+  // what the uninterrupted one would have (its dropout masks included). Saved, not derived
+  // from the seed and the global step, because draws do not come one set per step: validation
+  // and a user's own draws advance it as well, as they advance the CPU generator.
+  if (strategy->root_device().type() == c10::kLazy) {
+    at::Tensor xla_states = strategy->all_gather(xla::rng_state()).to(torch::kCPU);
+    if (xla_states.dim() == 1) xla_states = xla_states.unsqueeze(0);
+    rng_states.insert("xla", xla_states);
+  }
   ckpt.insert("rng_states", rng_states);
   ckpt.insert("hyper_parameters", model->hparams());
   model->on_save_checkpoint(ckpt);
@@ -205,6 +215,11 @@ void TrainerImpl::restore(const std::string& path) {
   const at::Tensor rng_states = ckpt.contains("rng_states")
                                     ? checkpoint_entry(ckpt, {"rng_states", "torch"}, where, c10::TensorType::get()).toTensor()
                                     : at::Tensor();
+  // The xla device generator's states, in checkpoints of runs on xla devices only.
+  at::Tensor xla_rng_states;
+  if (rng_states.defined() && strategy->root_device().type() == c10::kLazy &&
+      checkpoint_entry(ckpt, {"rng_states"}, where).toGenericDict().contains("xla"))
+    xla_rng_states = checkpoint_entry(ckpt, {"rng_states", "xla"}, where, c10::TensorType::get()).toTensor();
   auto opts = get("optimizer_states").toList();
   const auto& cfg = strategy->optimizer_config();
   if (opts.size() != cfg.optimizers.size()) {
@@ -296,6 +311,9 @@ void TrainerImpl::restore(const std::string& path) {
     // storage offset (a row of the gathered states).
     gen.set_state(rng_states[strategy->global_rank()].clone());
   }
+  if (xla_rng_states.defined() && xla_rng_states.dim() == 2 && xla_rng_states.size(0) == strategy->world_size() &&
+      xla_rng_states.size(1) == 2 && xla_rng_states.scalar_type() == at::kLong)
+    xla::set_rng_state(xla_rng_states[strategy->global_rank()].clone());
   model->on_load_checkpoint(ckpt);
 }
 
