@@ -54,6 +54,14 @@ c10::IValue checkpoint_entry(const Checkpoint& checkpoint, const std::vector<std
   return v;
 }
 
+// Whether the model's parameters are on a lazy (xla) device: then its random ops drew from the
+// xla device generator. Asked of the parameters, not of the strategy, whose root_device() throws
+// in the launching process of a multi-process xla run.
+bool on_xla_device(const LightningModule& model) {
+  const auto params = model.parameters();
+  return !params.empty() && params.front().device().type() == c10::kLazy;
+}
+
 }  // namespace
 
 Checkpoint TrainerImpl::dump_checkpoint() {
@@ -109,7 +117,7 @@ Checkpoint TrainerImpl::dump_checkpoint() {
   // what the uninterrupted one would have (its dropout masks included). Saved, not derived
   // from the seed and the global step, because draws do not come one set per step: validation
   // and a user's own draws advance it as well, as they advance the CPU generator.
-  if (strategy->root_device().type() == c10::kLazy) {
+  if (on_xla_device(*model)) {
     at::Tensor xla_states = strategy->all_gather(xla::rng_state()).to(torch::kCPU);
     if (xla_states.dim() == 1) xla_states = xla_states.unsqueeze(0);
     rng_states.insert("xla", xla_states);
@@ -217,7 +225,7 @@ void TrainerImpl::restore(const std::string& path) {
                                     : at::Tensor();
   // The xla device generator's states, in checkpoints of runs on xla devices only.
   at::Tensor xla_rng_states;
-  if (rng_states.defined() && strategy->root_device().type() == c10::kLazy &&
+  if (rng_states.defined() && on_xla_device(*model) &&
       checkpoint_entry(ckpt, {"rng_states"}, where).toGenericDict().contains("xla"))
     xla_rng_states = checkpoint_entry(ckpt, {"rng_states", "xla"}, where, c10::TensorType::get()).toTensor();
   auto opts = get("optimizer_states").toList();

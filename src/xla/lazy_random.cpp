@@ -29,7 +29,6 @@
 #include "xla/threefry.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/ScalarType.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/lazy/core/tensor.h>
