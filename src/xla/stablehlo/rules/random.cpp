@@ -7,8 +7,8 @@
 // shifts in zeros), element i from counter offset + i under the state's key, not
 // stablehlo.rng_bit_generator: the TorchScript interpreter runs the same function on the host for
 // a graph kept there, tests compare XLA's bits with it, and every plugin draws the same numbers
-// (rng_bit_generator's bits are the plugin's choice). XLA:CPU expands rng_bit_generator into such
-// integer ops itself.
+// (rng_bit_generator's bits are the plugin's choice; the pinned CPU plugin compiles it and
+// stablehlo.rng too). XLA expands rng_bit_generator into integer ops of this kind itself.
 
 #include "xla/stablehlo/lowering.h"
 #include "xla/threefry.h"
