@@ -277,3 +277,64 @@ TEST(ModuleMatrix, EveryModuleTheMoverListsRunsOnXlaAndMatchesEager) {
                                                   : rc == 1 ? ": differs from eager" : ": threw");
   }
 }
+
+// The dropout modules (no member tensors, so not in the mover's list) draw their masks on the
+// device (<fulgur/xla/random.h>): nothing leaves XLA, in training each element (Dropout,
+// AlphaDropout) or each channel (Dropout2d, FeatureAlphaDropout) is kept and scaled or dropped,
+// the input's gradient goes through the same mask, and in evaluation each module is the identity,
+// as on eager.
+TEST(ModuleMatrix, DropoutModulesStayOnXla) {
+  const c10::Device dev = xla::backend().device();
+  xla::manual_seed(1);
+  torch::manual_seed(2);
+  const at::Tensor x_cpu = torch::rand({8, 16, 4, 4}) + 0.5;
+  struct Case {
+    std::string name;
+    std::shared_ptr<nn::Module> module;
+    std::function<at::Tensor(nn::Module&, const at::Tensor&)> forward;
+  };
+  std::vector<Case> cases = {
+      {"Dropout", nn::Dropout(0.25).ptr(), [](nn::Module& m, const at::Tensor& x) { return dynamic_cast<nn::DropoutImpl&>(m).forward(x); }},
+      {"Dropout2d", nn::Dropout2d(0.25).ptr(), [](nn::Module& m, const at::Tensor& x) { return dynamic_cast<nn::Dropout2dImpl&>(m).forward(x); }},
+      {"AlphaDropout", nn::AlphaDropout(0.25).ptr(), [](nn::Module& m, const at::Tensor& x) { return dynamic_cast<nn::AlphaDropoutImpl&>(m).forward(x); }},
+      {"FeatureAlphaDropout", nn::FeatureAlphaDropout(0.25).ptr(),
+       [](nn::Module& m, const at::Tensor& x) { return dynamic_cast<nn::FeatureAlphaDropoutImpl&>(m).forward(x); }},
+  };
+  for (auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const xla::BackendMetrics before = xla::metrics();
+    c.module->train();
+    const at::Tensor x = x_cpu.to(dev).requires_grad_();
+    const at::Tensor y = c.forward(*c.module, x);
+    y.sum().backward();
+    c.module->eval();
+    const at::Tensor e = c.forward(*c.module, x_cpu.to(dev));
+    xla::mark_step();
+    std::string off;
+    for (const auto& [op, n] : xla::metrics().xla_fallbacks)
+      if (!before.xla_fallbacks.count(op) || before.xla_fallbacks.at(op) != n) off += " " + op;
+    for (const auto& [op, n] : xla::metrics().eager_fallbacks)
+      if (!before.eager_fallbacks.count(op) || before.eager_fallbacks.at(op) != n) off += " host:" + op;
+    EXPECT_EQ(off, "") << xla::metrics_report();
+    EXPECT_TRUE(torch::equal(e.cpu(), x_cpu)) << "evaluation is the identity";
+    // y = a * x * keep + b(keep) elementwise, with a and b constant: dy/dx = a * keep. Where
+    // the gradient is 0 the element was dropped; elsewhere y / x is the common scale (plus
+    // AlphaDropout's shift), and the dropped fraction is about p.
+    const at::Tensor g = x.grad().cpu(), yc = y.detach().cpu();
+    const at::Tensor kept = g != 0;
+    const double fraction = kept.to(torch::kDouble).mean().item<double>();
+    EXPECT_GT(fraction, 0.55);
+    EXPECT_LT(fraction, 0.95);
+    const at::Tensor scale = g.masked_select(kept);
+    EXPECT_TRUE(torch::allclose(scale, scale[0].expand_as(scale))) << "one scale for every kept element";
+    const at::Tensor shift = (yc - g * x_cpu);  // b: one value where kept, one where dropped
+    const at::Tensor kept_shift = shift.masked_select(kept), dropped_shift = shift.masked_select(kept.logical_not());
+    EXPECT_TRUE(torch::allclose(kept_shift, kept_shift[0].expand_as(kept_shift), 1e-5, 1e-5));
+    EXPECT_TRUE(torch::allclose(dropped_shift, dropped_shift[0].expand_as(dropped_shift), 1e-5, 1e-5));
+    if (c.name.find("2d") != std::string::npos || c.name.find("Feature") != std::string::npos) {
+      // A channel is kept or dropped whole.
+      const at::Tensor per_channel = kept.reshape({8, 16, 16}).to(torch::kFloat).mean(2);
+      EXPECT_TRUE(torch::equal(per_channel, per_channel.round())) << "a channel partly dropped";
+    }
+  }
+}

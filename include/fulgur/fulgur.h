@@ -44,3 +44,4 @@
 #include <fulgur/trainer.h>
 #include <fulgur/version.h>
 #include <fulgur/xla/backend.h>
+#include <fulgur/xla/random.h>

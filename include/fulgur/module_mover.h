@@ -46,7 +46,10 @@ namespace fulgur {
 // and MultiheadAttention (its aten::equal check of query against key runs on
 // the host; the attention itself compiles). The test prints this per module;
 // fulgur::xla::metrics_report() names such ops in any run. None is refused and
-// none aborts.
+// none aborts. The dropout modules (Dropout, Dropout2d/3d, AlphaDropout,
+// FeatureAlphaDropout) hold no tensors, so need no mover; they draw their
+// masks on the device and compile with XLA, forward and backward
+// (<fulgur/xla/random.h>; ModuleMatrix.DropoutModulesStayOnXla).
 //
 // A module of your own that keeps tensors in members
 // (`W = register_parameter("W", ...)`) cannot be detected in general: register

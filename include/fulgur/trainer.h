@@ -263,7 +263,9 @@ class Trainer {
   std::unique_ptr<detail::TrainerImpl> impl_;
 };
 
-// Seeds torch's default generator (and C's rand) in this process.
+// Seeds torch's default generator (and C's rand) in this process, CUDA's when fulgur starts
+// CUDA, and the xla device generator (<fulgur/xla/random.h>: keyed with the seed and this
+// process's global rank, so ranks draw different numbers).
 void seed_everything(uint64_t seed);
 
 }  // namespace fulgur

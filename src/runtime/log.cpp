@@ -76,6 +76,8 @@ void log(LogLevel level, const std::string& message) {
   write_line("fulgur: " + rank + message + "\n");
 }
 
+int64_t global_rank() { return ranks().first; }
+
 void log_rank_zero(LogLevel level, const std::string& message) {
   if (!log_enabled(level) || ranks().first != 0) return;
   write_line("fulgur: " + message + "\n");

@@ -33,6 +33,10 @@ void log(LogLevel level, const std::string& message);
 // "fulgur: <message>".
 void log_rank_zero(LogLevel level, const std::string& message);
 
+// The global rank messages name: a RankScope's, else the detected cluster environment's (the
+// device generator of xla devices keys itself with it, src/xla/lazy_random.cpp).
+int64_t global_rank();
+
 // While it lives, messages take this process's rank and world size from it
 // (a running stage's strategy, which holds its cluster environment) instead
 // of detecting the environment again for each one. Restores the previous

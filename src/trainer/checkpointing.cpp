@@ -10,6 +10,7 @@
 #include <fulgur/strategies/strategy.h>
 #include <fulgur/trainer.h>
 #include <fulgur/version.h>
+#include <fulgur/xla/random.h>
 
 #include "optim/optim_state.h"
 #include "runtime/log.h"
@@ -51,6 +52,14 @@ c10::IValue checkpoint_entry(const Checkpoint& checkpoint, const std::vector<std
     throw std::runtime_error(where + ": '" + dotted + "' is a " + v.type()->str() + ", expected " + type->str() + hint);
   }
   return v;
+}
+
+// Whether the model's parameters are on a lazy (xla) device: then its random ops drew from the
+// xla device generator. Asked of the parameters, not of the strategy, whose root_device() throws
+// in the launching process of a multi-process xla run.
+bool on_xla_device(const LightningModule& model) {
+  const auto params = model.parameters();
+  return !params.empty() && params.front().device().type() == c10::kLazy;
 }
 
 }  // namespace
@@ -104,6 +113,15 @@ Checkpoint TrainerImpl::dump_checkpoint() {
   at::Tensor gathered = strategy->all_gather(rng).to(torch::kCPU);
   if (gathered.dim() == 1) gathered = gathered.unsqueeze(0);  // one process: no gather happened
   rng_states.insert("torch", gathered);
+  // On xla devices every rank's device generator state (key, offset) too: a resumed run draws
+  // what the uninterrupted one would have (its dropout masks included). Saved, not derived
+  // from the seed and the global step, because draws do not come one set per step: validation
+  // and a user's own draws advance it as well, as they advance the CPU generator.
+  if (on_xla_device(*model)) {
+    at::Tensor xla_states = strategy->all_gather(xla::rng_state()).to(torch::kCPU);
+    if (xla_states.dim() == 1) xla_states = xla_states.unsqueeze(0);
+    rng_states.insert("xla", xla_states);
+  }
   ckpt.insert("rng_states", rng_states);
   ckpt.insert("hyper_parameters", model->hparams());
   model->on_save_checkpoint(ckpt);
@@ -205,6 +223,11 @@ void TrainerImpl::restore(const std::string& path) {
   const at::Tensor rng_states = ckpt.contains("rng_states")
                                     ? checkpoint_entry(ckpt, {"rng_states", "torch"}, where, c10::TensorType::get()).toTensor()
                                     : at::Tensor();
+  // The xla device generator's states, in checkpoints of runs on xla devices only.
+  at::Tensor xla_rng_states;
+  if (rng_states.defined() && on_xla_device(*model) &&
+      checkpoint_entry(ckpt, {"rng_states"}, where).toGenericDict().contains("xla"))
+    xla_rng_states = checkpoint_entry(ckpt, {"rng_states", "xla"}, where, c10::TensorType::get()).toTensor();
   auto opts = get("optimizer_states").toList();
   const auto& cfg = strategy->optimizer_config();
   if (opts.size() != cfg.optimizers.size()) {
@@ -296,6 +319,9 @@ void TrainerImpl::restore(const std::string& path) {
     // storage offset (a row of the gathered states).
     gen.set_state(rng_states[strategy->global_rank()].clone());
   }
+  if (xla_rng_states.defined() && xla_rng_states.dim() == 2 && xla_rng_states.size(0) == strategy->world_size() &&
+      xla_rng_states.size(1) == 2 && xla_rng_states.scalar_type() == at::kLong)
+    xla::set_rng_state(xla_rng_states[strategy->global_rank()].clone());
   model->on_load_checkpoint(ckpt);
 }
 

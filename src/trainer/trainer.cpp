@@ -14,6 +14,7 @@
 #include "trainer/trainer_impl.h"
 
 #include <fulgur/accelerators/accelerator.h>
+#include <fulgur/xla/random.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim/optimizer.h>
@@ -33,6 +34,8 @@ void seed_everything(uint64_t seed) {
     gen.set_current_seed(seed);
   }
   detail::seed_cuda_generators(seed);
+  // The xla device generator keys itself with the seed and this process's rank at its next draw.
+  xla::manual_seed(seed);
   std::srand(static_cast<unsigned>(seed));
 }
 

@@ -10,6 +10,7 @@
 #include <fulgur/xla/backend.h>
 
 #include "runtime/log.h"
+#include "xla/lazy_random.h"
 #include "xla/lazy_views.h"
 #include "xla/pjrt/client.h"
 #include "xla/pjrt/metrics.h"
@@ -129,6 +130,9 @@ class LazyBackend : public Backend {
       static std::once_flag once;
       std::call_once(once, [] { torch::lazy::InitTorchScriptBackend(); });
     }
+    // After the TorchScript backend's start, which registers the lazy core's kernels of the
+    // same ops (they would replace these).
+    detail::install_lazy_random_kernels();
     seen_uncached_ = counter("UncachedCompile");
   }
 
