@@ -330,8 +330,8 @@ std::string TrainerImpl::resolve_ckpt_path(const std::string& ckpt_path) const {
     }
   }
   if (best.empty()) {
-    runtime::log_rank_zero(runtime::LogLevel::kWarning, "warning: ckpt_path=\"last\" but no last.ckpt was found under " +
-                                                            options.default_root_dir() + "; starting from scratch");
+    runtime::warn_rank_zero_once("ckpt_path=\"last\" but no last.ckpt was found under " + options.default_root_dir() +
+                                 "; starting from scratch");
     return "";
   }
   return best.string();

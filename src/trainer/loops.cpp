@@ -84,7 +84,7 @@ void TrainerImpl::step_schedulers(const std::string& interval) {
         const std::string what = "ReduceLROnPlateau (scheduler " + std::to_string(i) + ") follows '" + s.monitor() +
                                  "', which is not logged at this " + interval + "; logged: [" + logged + "]";
         if (s.strict()) throw std::runtime_error(what + ". Log it, name another in SchedulerConfig::monitor, or set strict(false)");
-        runtime::log_rank_zero(runtime::LogLevel::kWarning, what + "; strict is false, so the step is skipped");
+        runtime::warn_rank_zero_once(what + "; strict is false, so the step is skipped");
         continue;
       }
       plateau->step(it->second);

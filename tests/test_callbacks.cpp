@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+// The callbacks a Lightning user expects beyond checkpoints and early stopping:
+// WeightAveraging (EMA), Timer, GradientAccumulationScheduler, lr_find; and
+// warnings written once per process.
+#include "support.h"
+
+#include "runtime/log.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+using namespace fulgur;
+using fulgur::testing::regression_data;
+using fulgur::testing::TempDir;
+using fulgur::testing::TinyRegression;
+using ::testing::HasSubstr;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+TrainerOptions quiet(const std::string& root) {
+  return TrainerOptions()
+      .accelerator("cpu")
+      .devices(1)
+      .default_root_dir(root)
+      .enable_progress_bar(false)
+      .enable_model_summary(false)
+      .num_sanity_val_steps(0);
+}
+
+std::shared_ptr<DataLoader> loader(int64_t n, int64_t batch) {
+  return std::make_shared<DataLoader>(regression_data(n), DataLoaderOptions(batch));
+}
+
+using Weights = std::vector<std::pair<std::string, at::Tensor>>;
+
+Weights weights_of(torch::nn::Module& m) {
+  Weights out;
+  for (const auto& p : m.named_parameters(true)) out.emplace_back(p.key(), p.value().detach().clone());
+  return out;
+}
+
+Weights weights_of(const c10::IValue& state_dict) {
+  Weights out;
+  for (const auto& kv : state_dict.toGenericDict()) out.emplace_back(kv.key().toStringRef(), kv.value().toTensor());
+  return out;
+}
+
+// The weights of `a` and `b` agree name by name within `tol` (0: bit for bit).
+void expect_same(const Weights& a, const Weights& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first) << what;
+    if (tol == 0) {
+      EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << what << ": " << a[i].first;
+    } else {
+      EXPECT_TRUE(torch::allclose(a[i].second, b[i].second, 0, tol)) << what << ": " << a[i].first;
+    }
+  }
+}
+
+// The module's weights after every optimizer step, at every validation batch and at each epoch end.
+struct Recorder : Callback {
+  std::string state_key() const override { return "Recorder"; }
+  void on_train_batch_end(Trainer&, LightningModule& m, const StepOutput&, const Batch&, int64_t) override {
+    after_step.push_back(weights_of(m));
+  }
+  void on_validation_batch_end(Trainer&, LightningModule& m, int64_t) override { in_validation.push_back(weights_of(m)); }
+  void on_train_epoch_end(Trainer&, LightningModule& m) override { at_epoch_end.push_back(weights_of(m)); }
+  std::vector<Weights> after_step, in_validation, at_epoch_end;
+};
+
+// EMA with `decay` over the recorded weights, as torch's AveragedModel with get_ema_avg_fn:
+// the first update copies, each later one is decay * average + (1 - decay) * current.
+Weights ema_of(const std::vector<Weights>& steps, size_t count, double decay) {
+  Weights avg = steps.at(0);
+  for (auto& [name, t] : avg) t = t.clone();
+  for (size_t k = 1; k < count; ++k)
+    for (size_t i = 0; i < avg.size(); ++i) avg[i].second = avg[i].second * decay + steps[k][i].second * (1.0 - decay);
+  return avg;
+}
+
+Checkpoint load(const std::string& path) { return TorchCheckpointIO().load_checkpoint(path); }
+
+}  // namespace
+
+namespace {
+
+int64_t count_of(const std::string& text, const std::string& what) {
+  int64_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST(WarnOnce, SameTextIsWrittenOncePerProcess) {
+  ::testing::internal::CaptureStderr();
+  EXPECT_TRUE(runtime::warn_rank_zero_once("WarnOnce test: a"));
+  EXPECT_FALSE(runtime::warn_rank_zero_once("WarnOnce test: a"));
+  EXPECT_TRUE(runtime::warn_rank_zero_once("WarnOnce test: b"));
+  EXPECT_FALSE(runtime::warn_once("WarnOnce test: b"));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err, "fulgur: warning: WarnOnce test: a\nfulgur: warning: WarnOnce test: b\n");
+}
+
+// ckpt_path="last" with no last.ckpt anywhere warns in every validate and test: one line.
+TEST(WarnOnce, ALibraryWarningMetInEveryStageIsOneLine) {
+  TempDir dir;
+  TinyRegression m;
+  Trainer t(quiet(dir.path).logger(false));
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 3; ++i) {
+    t.validate(m, loader(16, 8), "last");
+    t.test(m, loader(16, 8), "last");
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count_of(err, "no last.ckpt was found"), 1) << err;
+}
+
+// A resume into a new version folder: the restored ModelCheckpoint state names the old folder's
+// files, which one line reports.
+TEST(WarnOnce, ResumeIntoANewVersionFolderPrintsOneLine) {
+  TempDir dir;
+  {
+    TinyRegression m;
+    Trainer t(quiet(dir.path).max_epochs(2).callbacks(
+        {std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().monitor("val_loss").save_last(true).save_top_k(2))}));
+    t.fit(m, loader(32, 8), loader(16, 8));
+  }
+  const std::string ckpt = dir.path + "/lightning_logs/version_0/checkpoints/last.ckpt";
+  ASSERT_TRUE(fs::exists(ckpt));
+  TinyRegression m;
+  Trainer t(quiet(dir.path).max_epochs(3).callbacks(
+      {std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().monitor("val_loss").save_last(true).save_top_k(2))}));
+  ::testing::internal::CaptureStderr();
+  t.fit(m, loader(32, 8), loader(16, 8), ckpt);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(fs::exists(dir.path + "/lightning_logs/version_1"));
+  EXPECT_EQ(count_of(err, "ModelCheckpoint"), 1) << err;
+  EXPECT_THAT(err, HasSubstr("the top-k checkpoint '"));
+  EXPECT_THAT(err, HasSubstr("the last checkpoint '"));
+  EXPECT_THAT(err, HasSubstr("the best checkpoint '"));
+}
