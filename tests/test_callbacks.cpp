@@ -91,6 +91,81 @@ Checkpoint load(const std::string& path) { return TorchCheckpointIO().load_check
 
 }  // namespace
 
+// The average after each of five steps is the EMA of the weights recorded after them; validation
+// runs on it, training goes on with the module's own weights, and after fit the module holds it.
+TEST(WeightAveraging, EmaEqualsTheHandComputedAverageAndIsUsedForValidationAndAfterFit) {
+  TempDir dir;
+  seed_everything(1);
+  TinyRegression m(0.1);
+  auto recorder = std::make_shared<Recorder>();
+  auto ema = std::make_shared<EMAWeightAveraging>(EMAWeightAveragingOptions().decay(0.5));
+  const std::string ck = dir.path + "/ck";
+  Trainer t(quiet(dir.path).max_epochs(1).limit_train_batches(5).logger(false).callbacks(
+      {recorder, ema,
+       std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().dirpath(ck).every_n_train_steps(1).save_top_k(-1))}));
+  t.fit(m, loader(80, 8), loader(16, 8));
+  ASSERT_EQ(recorder->after_step.size(), 5u);
+  EXPECT_EQ(ema->num_averaged(), 5);
+  const Weights expected = ema_of(recorder->after_step, 5, 0.5);
+  // Five SGD steps move the weights: the average is not the last step's weights.
+  EXPECT_FALSE(torch::allclose(expected[0].second, recorder->after_step[4][0].second, 0, 1e-4));
+  ASSERT_EQ(recorder->in_validation.size(), 2u);
+  for (const auto& w : recorder->in_validation) expect_same(w, expected, 1e-6, "validation's weights");
+  ASSERT_EQ(recorder->at_epoch_end.size(), 1u);
+  expect_same(recorder->at_epoch_end[0], recorder->after_step[4], 0, "the module's own weights after validation");
+  expect_same(weights_of(m), expected, 1e-6, "the module after fit");
+
+  // The checkpoint of step 3: the average of three steps as state_dict, the module's own beside it.
+  const Checkpoint c = load(ck + "/epoch=0-step=3.ckpt");
+  expect_same(weights_of(c.at("state_dict")), ema_of(recorder->after_step, 3, 0.5), 1e-6, "state_dict at step 3");
+  expect_same(weights_of(c.at("current_model_state")), recorder->after_step[2], 0, "current_model_state at step 3");
+  EXPECT_EQ(c.at("averaging_state").toGenericDict().at("n_averaged").toTensor().item<int64_t>(), 3);
+  // load_from_checkpoint (as test and predict with a ckpt_path) gets the average.
+  TinyRegression loaded;
+  load_from_checkpoint(loaded, ck + "/epoch=0-step=3.ckpt");
+  expect_same(weights_of(loaded), ema_of(recorder->after_step, 3, 0.5), 1e-6, "load_from_checkpoint");
+}
+
+// Resumed from the checkpoint of step 3, a fit to step 7 ends with the weights and the average
+// of the uninterrupted run, bit for bit.
+TEST(WeightAveraging, ResumeContinuesTheAverageExactly) {
+  TempDir dir;
+  const std::string ck = dir.path + "/ck";
+  auto run = [&](uint64_t seed, const std::string& ckpt_path, Weights* own) {
+    seed_everything(seed);
+    TinyRegression m(0.1);
+    auto recorder = std::make_shared<Recorder>();
+    auto ema = std::make_shared<EMAWeightAveraging>(EMAWeightAveragingOptions().decay(0.7));
+    Trainer t(quiet(dir.path).max_steps(7).logger(false).callbacks(
+        {recorder, ema,
+         std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().dirpath(ck).every_n_train_steps(1).save_top_k(-1))}));
+    t.fit(m, loader(40, 8), nullptr, ckpt_path);  // 5 batches an epoch: the resume crosses an epoch end
+    *own = recorder->after_step.back();
+    EXPECT_EQ(ema->num_averaged(), 7);
+    return weights_of(m);
+  };
+  Weights own_a, own_b;
+  const Weights a = run(1, "", &own_a);
+  const Weights b = run(2, ck + "/epoch=0-step=3.ckpt", &own_b);
+  expect_same(b, a, 0, "the average after the resumed run");
+  expect_same(own_b, own_a, 0, "the module's own weights after the last step");
+}
+
+TEST(WeightAveraging, UpdateScheduleAndBadOptions) {
+  TempDir dir;
+  TinyRegression m;
+  // Steps 0..5: updates at the even step indices from 2 on (2 and 4).
+  auto ema = std::make_shared<EMAWeightAveraging>(
+      EMAWeightAveragingOptions().update_starting_at_step(2).update_every_n_steps(2));
+  Trainer t(quiet(dir.path).max_steps(6).logger(false).enable_checkpointing(false).callbacks({ema}));
+  t.fit(m, loader(80, 8));
+  EXPECT_EQ(ema->num_averaged(), 2);
+  EXPECT_THAT([] { EMAWeightAveraging e(EMAWeightAveragingOptions().decay(1.5)); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("decay=1.5")));
+  EXPECT_THAT([] { EMAWeightAveraging e(EMAWeightAveragingOptions().update_every_n_steps(0)); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("update_every_n_steps=0 must be >= 1")));
+}
+
 namespace {
 
 int64_t count_of(const std::string& text, const std::string& what) {
