@@ -168,6 +168,77 @@ TEST(WeightAveraging, UpdateScheduleAndBadOptions) {
 
 namespace {
 
+// Makes each batch take `ms` milliseconds.
+struct SlowBatches : Callback {
+  explicit SlowBatches(int ms) : ms(ms) {}
+  std::string state_key() const override { return "SlowBatches"; }
+  void on_train_batch_end(Trainer&, LightningModule&, const StepOutput&, const Batch&, int64_t) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
+  int ms;
+};
+
+}  // namespace
+
+TEST(Timer, ShortDurationStopsFitAndResumeCarriesTheElapsedTime) {
+  TempDir dir;
+  TinyRegression m;
+  auto timer = std::make_shared<Timer>(TimerOptions().duration(std::chrono::milliseconds(200)));
+  Trainer t(quiet(dir.path).max_epochs(50).logger(false).enable_checkpointing(false).callbacks(
+      {std::make_shared<SlowBatches>(20), timer}));
+  ::testing::internal::CaptureStderr();
+  t.fit(m, loader(80, 8));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_LT(t.global_step(), 50 * 10) << "max_epochs would run 500 steps";
+  EXPECT_GE(t.global_step(), 5);
+  EXPECT_LT(t.current_epoch(), 50);
+  EXPECT_GE(timer->time_elapsed("train"), 0.2);
+  EXPECT_LE(*timer->time_remaining("train"), 0.0);
+  EXPECT_THAT(timer->reason(), HasSubstr("Timer: time limit of 0:00:00 reached"));
+  EXPECT_THAT(err, HasSubstr("step " + std::to_string(t.global_step()) + ": Timer: time limit of 0:00:00 reached"));
+  EXPECT_THAT(err, HasSubstr("Time limit reached."));
+
+  const std::string path = dir.path + "/timer.ckpt";
+  t.save_checkpoint(path);
+  const double saved = load(path).at("callbacks").toGenericDict().at("Timer").toGenericDict().at("time_elapsed")
+                           .toGenericDict().at("train").toDouble();
+  EXPECT_NEAR(saved, timer->time_elapsed("train"), 1e-9);
+
+  // A resumed run whose time is spent stops before its first batch.
+  TinyRegression m2;
+  auto spent = std::make_shared<Timer>(TimerOptions().duration(std::chrono::milliseconds(100)));
+  Trainer t2(quiet(dir.path).max_epochs(50).logger(false).enable_checkpointing(false).callbacks({spent}));
+  t2.fit(m2, loader(80, 8), nullptr, path);
+  EXPECT_EQ(t2.global_step(), t.global_step());
+  EXPECT_GE(spent->time_elapsed(), saved);
+  EXPECT_FALSE(spent->reason().empty());
+
+  // One with time left counts on from the saved time.
+  TinyRegression m3;
+  auto more = std::make_shared<Timer>(TimerOptions().duration("00:01:00:00"));
+  EXPECT_EQ(more->options().duration()->count(), 3600.0);
+  Trainer t3(quiet(dir.path).max_steps(t.global_step() + 2).logger(false).enable_checkpointing(false).callbacks({more}));
+  t3.fit(m3, loader(80, 8), nullptr, path);
+  EXPECT_EQ(t3.global_step(), t.global_step() + 2);
+  EXPECT_GT(more->time_elapsed(), saved);
+  EXPECT_LT(more->time_elapsed(), saved + 30);
+  EXPECT_TRUE(more->reason().empty());
+}
+
+TEST(Timer, BadInputsAreNamed) {
+  EXPECT_THAT([] { Timer t(TimerOptions().interval("hour")); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("interval 'hour' is not known")));
+  EXPECT_THAT([] { TimerOptions().duration("1:2:3"); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("\"1:2:3\" is not a valid duration")));
+  EXPECT_THAT([] { Timer t(TimerOptions().duration(std::chrono::seconds(-1))); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("is negative")));
+  EXPECT_THAT([] { Timer().time_elapsed("fit"); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("stage 'fit' is not known")));
+  EXPECT_EQ(TimerOptions().duration("2:03:04:05").duration()->count(), 2 * 86400 + 3 * 3600 + 4 * 60 + 5);
+}
+
+namespace {
+
 int64_t count_of(const std::string& text, const std::string& what) {
   int64_t n = 0;
   for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;

@@ -14,6 +14,7 @@
 #include <fulgur/callbacks/model_summary.h>
 #include <fulgur/callbacks/prediction_writer.h>
 #include <fulgur/callbacks/progress_bar.h>
+#include <fulgur/callbacks/timer.h>
 #include <fulgur/callbacks/weight_averaging.h>
 #include <fulgur/checkpoint.h>
 #include <fulgur/data/data_loader.h>

@@ -5,6 +5,7 @@
 
 #include <fulgur/callbacks/early_stopping.h>
 #include <fulgur/callbacks/model_checkpoint.h>
+#include <fulgur/callbacks/timer.h>
 #include <fulgur/data/device_loader.h>
 #include <fulgur/launchers/launcher.h>
 #include <fulgur/lr_scheduler.h>
@@ -381,6 +382,7 @@ std::string TrainerImpl::fit_stop_reason() const {
       if (auto it = callback_metrics.find(monitor); it != callback_metrics.end()) why += "=" + format_metric(it->second);
       return why + (es->reason().empty() ? " (the decision of another rank)" : " (" + es->reason() + ")");
     }
+    if (auto* timer = find_callback<Timer>(callbacks); timer && !timer->reason().empty()) return timer->reason();
     return "should_stop was set";
   }
   if (resolved.max_epochs != -1 && current_epoch >= resolved.max_epochs) {
