@@ -239,6 +239,49 @@ TEST(Timer, BadInputsAreNamed) {
 
 namespace {
 
+struct StepsPerEpoch : Callback {
+  std::string state_key() const override { return "StepsPerEpoch"; }
+  void on_train_epoch_end(Trainer& t, LightningModule&) override {
+    steps.push_back(t.global_step());
+    accumulate.push_back(t.accumulate_grad_batches());
+  }
+  std::vector<int64_t> steps, accumulate;
+};
+
+}  // namespace
+
+// 10 batches an epoch: epoch 0 steps after each (10), epoch 1 every 2 (5), epochs 2 and 3 every
+// 4 (4 + 4 + the last 2 batches: 3 each).
+TEST(GradientAccumulationScheduler, OptimizerStepsPerEpochFollowTheSchedule) {
+  TempDir dir;
+  TinyRegression m;
+  auto record = std::make_shared<StepsPerEpoch>();
+  auto schedule = std::make_shared<GradientAccumulationScheduler>(std::map<int64_t, int64_t>{{1, 2}, {2, 4}});
+  EXPECT_EQ(schedule->scheduling().at(0), 1);
+  Trainer t(quiet(dir.path).max_epochs(4).logger(false).enable_checkpointing(false).callbacks({record, schedule}));
+  t.fit(m, loader(80, 8));
+  EXPECT_EQ(record->steps, (std::vector<int64_t>{10, 15, 18, 21}));
+  EXPECT_EQ(record->accumulate, (std::vector<int64_t>{1, 2, 4, 4}));
+}
+
+TEST(GradientAccumulationScheduler, BadInputsAndTheClashWithTheTrainerOption) {
+  using Schedule = std::map<int64_t, int64_t>;
+  EXPECT_THAT([] { GradientAccumulationScheduler s(Schedule{}); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("the scheduling is empty")));
+  EXPECT_THAT([] { GradientAccumulationScheduler s(Schedule{{-1, 2}}); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("epoch -1 is negative")));
+  EXPECT_THAT([] { GradientAccumulationScheduler s(Schedule{{0, 2}, {3, 0}}); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("accumulate_grad_batches=0 for epoch 3 must be >= 1")));
+  EXPECT_THAT(
+      [] {
+        Trainer t(TrainerOptions().accumulate_grad_batches(2).callbacks(
+            {std::make_shared<GradientAccumulationScheduler>(Schedule{{1, 4}})}));
+      },
+      ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("accumulate_grad_batches=2 and a GradientAccumulationScheduler")));
+}
+
+namespace {
+
 int64_t count_of(const std::string& text, const std::string& what) {
   int64_t n = 0;
   for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
