@@ -10,6 +10,7 @@
 #include <fulgur/callbacks/callback.h>
 #include <fulgur/callbacks/early_stopping.h>
 #include <fulgur/callbacks/gradient_accumulation_scheduler.h>
+#include <fulgur/callbacks/lr_finder.h>
 #include <fulgur/callbacks/lr_monitor.h>
 #include <fulgur/callbacks/model_checkpoint.h>
 #include <fulgur/callbacks/model_summary.h>
