@@ -190,7 +190,7 @@ TEST(Timer, ShortDurationStopsFitAndResumeCarriesTheElapsedTime) {
   t.fit(m, loader(80, 8));
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_LT(t.global_step(), 50 * 10) << "max_epochs would run 500 steps";
-  EXPECT_GE(t.global_step(), 5);
+  EXPECT_GE(t.global_step(), 1);
   EXPECT_LT(t.current_epoch(), 50);
   EXPECT_GE(timer->time_elapsed("train"), 0.2);
   EXPECT_LE(*timer->time_remaining("train"), 0.0);

@@ -746,7 +746,7 @@ TEST(Security, ResumedCheckpointCannotDeleteFilesOutsideItsFolder) {
     EXPECT_THAT(line, HasSubstr("'" + named + "'"));
   }
   EXPECT_THAT(line, HasSubstr("which are not inside this callback's folder"));
-  EXPECT_EQ(err.find("the restored state names", line_start + 1), std::string::npos) << err;
+  EXPECT_EQ(err.find("the restored state names", line_start + line.size()), std::string::npos) << err;
   EXPECT_EQ(ckpt_names(ck), (std::set<std::string>{"epoch=0-step=5.ckpt", "epoch=0-step=6.ckpt", "last.ckpt"}));
 }
 
