@@ -151,6 +151,23 @@ TEST(WeightAveraging, ResumeContinuesTheAverageExactly) {
   expect_same(own_b, own_a, 0, "the module's own weights after the last step");
 }
 
+// Without an averaging function the average is the equal one of every step's weights (SWA).
+TEST(WeightAveraging, DefaultIsTheEqualAverageOfTheSteps) {
+  TempDir dir;
+  TinyRegression m(0.1);
+  auto recorder = std::make_shared<Recorder>();
+  auto swa = std::make_shared<WeightAveraging>();
+  Trainer t(quiet(dir.path).max_steps(4).logger(false).enable_checkpointing(false).callbacks({recorder, swa}));
+  t.fit(m, loader(80, 8));
+  ASSERT_EQ(recorder->after_step.size(), 4u);
+  Weights mean = recorder->after_step[0];
+  for (size_t i = 0; i < mean.size(); ++i) {
+    mean[i].second = (recorder->after_step[0][i].second + recorder->after_step[1][i].second +
+                      recorder->after_step[2][i].second + recorder->after_step[3][i].second) / 4.0;
+  }
+  expect_same(weights_of(m), mean, 1e-6, "the module after fit");
+}
+
 TEST(WeightAveraging, UpdateScheduleAndBadOptions) {
   TempDir dir;
   TinyRegression m;

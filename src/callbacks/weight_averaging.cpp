@@ -27,7 +27,7 @@ c10::Dict<std::string, c10::IValue> as_dict(const std::vector<std::pair<std::str
   return d;
 }
 
-const c10::Dict<std::string, c10::IValue> dict_at(const Checkpoint& ckpt, const char* key) {
+c10::Dict<std::string, c10::IValue> dict_at(const Checkpoint& ckpt, const char* key) {
   const c10::IValue v = ckpt.at(key);
   if (!v.isGenericDict()) throw std::runtime_error(std::string("WeightAveraging: checkpoint['") + key + "'] is not a dict");
   return c10::impl::toTypedDict<std::string, c10::IValue>(v.toGenericDict());
