@@ -10,12 +10,16 @@
 #include <fulgur/callbacks/callback.h>
 #include <fulgur/callbacks/device_stats_monitor.h>
 #include <fulgur/callbacks/early_stopping.h>
+#include <fulgur/callbacks/gradient_accumulation_scheduler.h>
+#include <fulgur/callbacks/lr_finder.h>
 #include <fulgur/callbacks/lr_monitor.h>
 #include <fulgur/callbacks/model_checkpoint.h>
 #include <fulgur/callbacks/model_summary.h>
 #include <fulgur/callbacks/prediction_writer.h>
 #include <fulgur/callbacks/progress_bar.h>
 #include <fulgur/callbacks/throughput_monitor.h>
+#include <fulgur/callbacks/timer.h>
+#include <fulgur/callbacks/weight_averaging.h>
 #include <fulgur/checkpoint.h>
 #include <fulgur/data/data_loader.h>
 #include <fulgur/data/device_loader.h>

@@ -241,6 +241,12 @@ class Trainer {
   int64_t num_val_batches() const;
   int64_t max_epochs() const;
   int64_t max_steps() const;
+  // Batches whose gradients are summed before each optimizer step in this epoch: the
+  // accumulate_grad_batches option, or what a GradientAccumulationScheduler set for the epoch.
+  int64_t accumulate_grad_batches() const;
+  // Takes effect at the next accumulation window; call it at an epoch start, as
+  // GradientAccumulationScheduler does. Throws std::invalid_argument for k < 1.
+  void set_accumulate_grad_batches(int64_t k);
   // The latest value of every logged metric (epoch aggregates once the epoch ended).
   const Metrics& callback_metrics() const;
   const Metrics& progress_bar_metrics() const;

@@ -44,7 +44,7 @@ void EarlyStopping::check(Trainer& trainer) {
     const std::string msg = "EarlyStopping could not find the monitored metric '" + options_.monitor() +
                             "' among the logged ones: " + detail::logged_names(metrics);
     if (options_.strict()) throw std::runtime_error(msg + "; log it, or set strict(false)");
-    runtime::log_rank_zero(runtime::LogLevel::kWarning, "warning: " + msg);
+    runtime::warn_rank_zero_once(msg);
     return;
   }
   const double current = it->second;

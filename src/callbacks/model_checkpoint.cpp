@@ -5,12 +5,12 @@
 #include <fulgur/trainer.h>
 
 #include "callbacks/monitor.h"
+#include "runtime/log.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <iostream>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
@@ -164,13 +164,11 @@ void ModelCheckpoint::on_fit_start(Trainer& trainer, LightningModule&) {
 }
 
 void ModelCheckpoint::drop_foreign_paths(bool warn) {
+  // One line for all of them: a resume into a new version folder drops every entry at once.
+  std::string dropped;
   auto foreign = [&](const std::string& path, const char* what) {
     if (path.empty() || lies_inside(dirpath_, path)) return false;
-    if (warn) {
-      std::cerr << "fulgur: warning: ModelCheckpoint: the restored state names " << what << " '" << path
-                << "', which is not inside this callback's folder '" << dirpath_
-                << "'; the entry is dropped, and that file will not be used or removed" << std::endl;
-    }
+    dropped += (dropped.empty() ? "" : ", ") + std::string(what) + " '" + path + "'";
     return true;
   };
   for (auto it = best_k_models_.begin(); it != best_k_models_.end();) {
@@ -180,6 +178,12 @@ void ModelCheckpoint::drop_foreign_paths(bool warn) {
   if (foreign(best_model_path_, "the best checkpoint")) {
     best_model_path_.clear();
     best_model_score_.reset();
+  }
+  if (warn && !dropped.empty()) {
+    runtime::log_rank_zero(runtime::LogLevel::kWarning,
+                           "warning: ModelCheckpoint: the restored state names " + dropped +
+                               ", which are not inside this callback's folder '" + dirpath_ +
+                               "'; these entries are dropped, and those files will not be used or removed");
   }
 }
 
@@ -219,10 +223,16 @@ void ModelCheckpoint::remove_orphans(Trainer& trainer) {
     for (const auto& e : fs::recursive_directory_iterator(dirpath_, ec)) consider(e);
   }
   std::sort(orphans.begin(), orphans.end());
+  std::string removed;
   for (const auto& o : orphans) {
     trainer.strategy().remove_checkpoint(o);
-    std::cerr << "fulgur: ModelCheckpoint: removed " << o << ", a checkpoint of this callback's name pattern that the "
-              << "restored state does not keep (left by an interrupted run; save_top_k=" << k << ")" << std::endl;
+    removed += (removed.empty() ? "" : ", ") + o;
+  }
+  if (!removed.empty()) {
+    runtime::log(runtime::LogLevel::kInfo, "ModelCheckpoint: removed " + removed +
+                                               ": checkpoints of this callback's name pattern that the restored state "
+                                               "does not keep (left by an interrupted run; save_top_k=" +
+                                               std::to_string(k) + ")");
   }
 }
 

@@ -10,7 +10,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
+#include <unordered_set>
 #include <utility>
 
 namespace fulgur::runtime {
@@ -53,6 +55,14 @@ std::pair<int64_t, int64_t> ranks() {
   return {env->global_rank(), env->world_size()};
 }
 
+// Whether `message` is asked for the first time in this process (warn_once's record).
+bool first_time(const std::string& message) {
+  static std::mutex mu;
+  static std::unordered_set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  return seen.insert(message).second;
+}
+
 }  // namespace
 
 RankScope::RankScope(int64_t global_rank, int64_t world_size)
@@ -81,6 +91,19 @@ int64_t global_rank() { return ranks().first; }
 void log_rank_zero(LogLevel level, const std::string& message) {
   if (!log_enabled(level) || ranks().first != 0) return;
   write_line("fulgur: " + message + "\n");
+}
+
+
+bool warn_rank_zero_once(const std::string& message) {
+  if (!log_enabled(LogLevel::kWarning) || ranks().first != 0 || !first_time(message)) return false;
+  write_line("fulgur: warning: " + message + "\n");
+  return true;
+}
+
+bool warn_once(const std::string& message) {
+  if (!log_enabled(LogLevel::kWarning) || !first_time(message)) return false;
+  log(LogLevel::kWarning, "warning: " + message);
+  return true;
 }
 
 }  // namespace fulgur::runtime

@@ -37,6 +37,17 @@ void log_rank_zero(LogLevel level, const std::string& message);
 // device generator of xla devices keys itself with it, src/xla/lazy_random.cpp).
 int64_t global_rank();
 
+// Warnings that a run can meet again and again (in each stage, each epoch, each
+// resume): written at warning level the first time this process asks with this
+// exact text, and never again in the process, as Python's default warnings
+// filter shows Lightning's rank_zero_warn once. Keyed by the whole text, so a
+// message that names a different value is a different warning. Return whether
+// this call wrote the line.
+// Written by global rank 0 only (as log_rank_zero).
+bool warn_rank_zero_once(const std::string& message);
+// Written by every process (as log).
+bool warn_once(const std::string& message);
+
 // While it lives, messages take this process's rank and world size from it
 // (a running stage's strategy, which holds its cluster environment) instead
 // of detecting the environment again for each one. Restores the previous

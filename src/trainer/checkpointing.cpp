@@ -313,6 +313,7 @@ void TrainerImpl::restore(const std::string& path) {
   const c10::IValue cbs = get("callbacks");
   if (!cbs.isGenericDict()) throw std::runtime_error(where + ": 'callbacks' is not a dict");
   load_callback_states(cbs);
+  for (auto& c : callbacks) c->on_load_checkpoint(owner, *model, ckpt);
   if (rng_states.defined() && rng_states.dim() == 2 && rng_states.size(0) == strategy->world_size()) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     // A tensor of its own: libtorch 2.11's CPU generator crashes on a state that is a view at a
@@ -355,8 +356,8 @@ std::string TrainerImpl::resolve_ckpt_path(const std::string& ckpt_path) const {
     }
   }
   if (best.empty()) {
-    runtime::log_rank_zero(runtime::LogLevel::kWarning, "warning: ckpt_path=\"last\" but no last.ckpt was found under " +
-                                                            options.default_root_dir() + "; starting from scratch");
+    runtime::warn_rank_zero_once("ckpt_path=\"last\" but no last.ckpt was found under " + options.default_root_dir() +
+                                 "; starting from scratch");
     return "";
   }
   return best.string();

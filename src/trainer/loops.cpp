@@ -5,6 +5,7 @@
 
 #include <fulgur/callbacks/early_stopping.h>
 #include <fulgur/callbacks/model_checkpoint.h>
+#include <fulgur/callbacks/timer.h>
 #include <fulgur/data/device_loader.h>
 #include <fulgur/launchers/launcher.h>
 #include <fulgur/lr_scheduler.h>
@@ -84,7 +85,7 @@ void TrainerImpl::step_schedulers(const std::string& interval) {
         const std::string what = "ReduceLROnPlateau (scheduler " + std::to_string(i) + ") follows '" + s.monitor() +
                                  "', which is not logged at this " + interval + "; logged: [" + logged + "]";
         if (s.strict()) throw std::runtime_error(what + ". Log it, name another in SchedulerConfig::monitor, or set strict(false)");
-        runtime::log_rank_zero(runtime::LogLevel::kWarning, what + "; strict is false, so the step is skipped");
+        runtime::warn_rank_zero_once(what + "; strict is false, so the step is skipped");
         continue;
       }
       plateau->step(it->second);
@@ -98,7 +99,7 @@ void TrainerImpl::step_schedulers(const std::string& interval) {
 void TrainerImpl::optimizer_step_automatic(const Batch& batch, int64_t batch_idx, StepOutput& out, bool sync_now) {
   const auto& cfg = strategy->optimizer_config();
   auto& optimizer = *cfg.optimizers.at(0);
-  const double k = static_cast<double>(options.accumulate_grad_batches());
+  const double k = static_cast<double>(accumulate_grad_batches);
   auto closure = [&] {
     in_training_step = true;
     out = strategy->training_step(batch, batch_idx);
@@ -136,7 +137,7 @@ void TrainerImpl::training_batch(const Batch& batch, int64_t batch_idx) {
   StepOutput out;
   if (model->automatic_optimization()) {
     ++accumulated;
-    const bool sync_now = accumulated >= options.accumulate_grad_batches() || batch_idx + 1 == num_training_batches;
+    const bool sync_now = accumulated >= accumulate_grad_batches || batch_idx + 1 == num_training_batches;
     optimizer_step_automatic(batch, batch_idx, out, sync_now);
     if (sync_now) accumulated = 0;
   } else {
@@ -166,6 +167,7 @@ Metrics TrainerImpl::evaluation_loop(Stage eval_stage, BatchSource& source, int6
   if (is_val) {
     for (auto& c : callbacks) c->on_validation_start(owner, *model);
     model->on_validation_epoch_start();
+    for (auto& c : callbacks) c->on_validation_epoch_start(owner, *model);
   } else {
     for (auto& c : callbacks) c->on_test_start(owner, *model);
   }
@@ -190,13 +192,17 @@ Metrics TrainerImpl::evaluation_loop(Stage eval_stage, BatchSource& source, int6
   }
   if (stop_agreed) {
     // Stopped by a signal part-way: no epoch end, so nothing (ModelCheckpoint,
-    // EarlyStopping) acts on a partial evaluation.
+    // EarlyStopping) acts on a partial evaluation; only the callbacks' epoch-end hooks run,
+    // which undo what their start hooks changed in the module (WeightAveraging's swap).
+    if (is_val)
+      for (auto& c : callbacks) c->on_validation_epoch_end(owner, *model);
     if (was_training) model->train();
     results = std::move(saved);
     return {};
   }
   if (is_val) {
     model->on_validation_epoch_end();
+    for (auto& c : callbacks) c->on_validation_epoch_end(owner, *model);
   } else {
     model->on_test_epoch_end();
   }
@@ -278,6 +284,7 @@ void TrainerImpl::fit_loop() {
     }
   }
 
+  for (auto& c : callbacks) c->on_train_start(owner, *model);
   auto done = [&] {
     if (options.max_steps() != -1 && global_step >= options.max_steps()) return true;
     if (resolved.max_epochs != -1 && current_epoch >= resolved.max_epochs) return true;
@@ -350,6 +357,7 @@ void TrainerImpl::fit_loop() {
     ++current_epoch;
     epoch_batches_done = 0;
   }
+  for (auto& c : callbacks) c->on_train_end(owner, *model);
   model->on_fit_end();
   for (auto& c : callbacks) c->on_fit_end(owner, *model);
   strategy->on_train_end();
@@ -374,6 +382,7 @@ std::string TrainerImpl::fit_stop_reason() const {
       if (auto it = callback_metrics.find(monitor); it != callback_metrics.end()) why += "=" + format_metric(it->second);
       return why + (es->reason().empty() ? " (the decision of another rank)" : " (" + es->reason() + ")");
     }
+    if (auto* timer = find_callback<Timer>(callbacks); timer && !timer->reason().empty()) return timer->reason();
     return "should_stop was set";
   }
   if (resolved.max_epochs != -1 && current_epoch >= resolved.max_epochs) {

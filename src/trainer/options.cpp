@@ -3,6 +3,7 @@
 // checks every option and resolves the strategy, the callbacks and the
 // loggers once, before any process starts.
 
+#include <fulgur/callbacks/gradient_accumulation_scheduler.h>
 #include <fulgur/callbacks/model_checkpoint.h>
 #include <fulgur/callbacks/model_summary.h>
 #include <fulgur/callbacks/progress_bar.h>
@@ -135,6 +136,11 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
   if (options.enable_model_summary() && !find_callback<ModelSummary>(callbacks)) {
     callbacks.insert(callbacks.begin(), std::make_shared<ModelSummary>());
   }
+  require(options.accumulate_grad_batches() == 1 || !find_callback<GradientAccumulationScheduler>(callbacks),
+          "accumulate_grad_batches=" + std::to_string(options.accumulate_grad_batches()) +
+              " and a GradientAccumulationScheduler are both given; one decides the accumulation: keep "
+              "accumulate_grad_batches at 1 with the scheduler (its {0, k} entry sets the first epochs'), or remove "
+              "the scheduler");
   std::set<std::string> keys;
   for (const auto& c : callbacks) {
     require(c != nullptr, "callbacks: a callback is null");

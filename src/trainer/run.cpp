@@ -116,6 +116,8 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     }
   }
   strategy->setup(owner);
+  accumulate_grad_batches = options.accumulate_grad_batches();
+  for (auto& c : callbacks) c->setup(owner, m, run_stage);
   // Every version before any logger writes: loggers on one root_dir and name share version_<N>.
   if (strategy->is_global_zero())
     for (auto& l : loggers) l->version();

@@ -21,6 +21,7 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <stdexcept>
 
 namespace fulgur {
 
@@ -117,6 +118,12 @@ int64_t Trainer::num_training_batches() const { return impl_->num_training_batch
 int64_t Trainer::num_val_batches() const { return impl_->num_val_batches; }
 int64_t Trainer::max_epochs() const { return impl_->resolved.max_epochs; }
 int64_t Trainer::max_steps() const { return impl_->options.max_steps(); }
+int64_t Trainer::accumulate_grad_batches() const { return impl_->accumulate_grad_batches; }
+
+void Trainer::set_accumulate_grad_batches(int64_t k) {
+  if (k < 1) throw std::invalid_argument("accumulate_grad_batches=" + std::to_string(k) + " must be >= 1");
+  impl_->accumulate_grad_batches = k;
+}
 
 const Metrics& Trainer::callback_metrics() const {
   impl_->materialize_metrics();

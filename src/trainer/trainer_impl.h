@@ -197,6 +197,9 @@ struct TrainerImpl {
   int64_t num_training_batches = 0;
   int64_t num_val_batches = 0;  // per validation run of fit, after limits; 0 without a val loader
   int64_t accumulated = 0;  // micro-batches since the last optimizer step
+  // Micro-batches per optimizer step now: the option, reset at each fit's start; a
+  // GradientAccumulationScheduler changes it per epoch.
+  int64_t accumulate_grad_batches = 1;
   int64_t last_logged_step = -1;
   std::shared_ptr<BatchSource> train_source;
   std::shared_ptr<BatchSource> val_source;

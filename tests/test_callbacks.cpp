@@ -1,0 +1,420 @@
+// SPDX-License-Identifier: Apache-2.0
+// The callbacks a Lightning user expects beyond checkpoints and early stopping:
+// WeightAveraging (EMA), Timer, GradientAccumulationScheduler, lr_find; and
+// warnings written once per process.
+#include "support.h"
+
+#include "runtime/log.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+using namespace fulgur;
+using fulgur::testing::regression_data;
+using fulgur::testing::TempDir;
+using fulgur::testing::TinyRegression;
+using ::testing::HasSubstr;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+TrainerOptions quiet(const std::string& root) {
+  return TrainerOptions()
+      .accelerator("cpu")
+      .devices(1)
+      .default_root_dir(root)
+      .enable_progress_bar(false)
+      .enable_model_summary(false)
+      .num_sanity_val_steps(0);
+}
+
+std::shared_ptr<DataLoader> loader(int64_t n, int64_t batch) {
+  return std::make_shared<DataLoader>(regression_data(n), DataLoaderOptions(batch));
+}
+
+using Weights = std::vector<std::pair<std::string, at::Tensor>>;
+
+Weights weights_of(torch::nn::Module& m) {
+  Weights out;
+  for (const auto& p : m.named_parameters(true)) out.emplace_back(p.key(), p.value().detach().clone());
+  return out;
+}
+
+Weights weights_of(const c10::IValue& state_dict) {
+  Weights out;
+  for (const auto& kv : state_dict.toGenericDict()) out.emplace_back(kv.key().toStringRef(), kv.value().toTensor());
+  return out;
+}
+
+// The weights of `a` and `b` agree name by name within `tol` (0: bit for bit).
+void expect_same(const Weights& a, const Weights& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first) << what;
+    if (tol == 0) {
+      EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << what << ": " << a[i].first;
+    } else {
+      EXPECT_TRUE(torch::allclose(a[i].second, b[i].second, 0, tol)) << what << ": " << a[i].first;
+    }
+  }
+}
+
+// The module's weights after every optimizer step, at every validation batch and at each epoch end.
+struct Recorder : Callback {
+  std::string state_key() const override { return "Recorder"; }
+  void on_train_batch_end(Trainer&, LightningModule& m, const StepOutput&, const Batch&, int64_t) override {
+    after_step.push_back(weights_of(m));
+  }
+  void on_validation_batch_end(Trainer&, LightningModule& m, int64_t) override { in_validation.push_back(weights_of(m)); }
+  void on_train_epoch_end(Trainer&, LightningModule& m) override { at_epoch_end.push_back(weights_of(m)); }
+  std::vector<Weights> after_step, in_validation, at_epoch_end;
+};
+
+// EMA with `decay` over the recorded weights, as torch's AveragedModel with get_ema_avg_fn:
+// the first update copies, each later one is decay * average + (1 - decay) * current.
+Weights ema_of(const std::vector<Weights>& steps, size_t count, double decay) {
+  Weights avg = steps.at(0);
+  for (auto& [name, t] : avg) t = t.clone();
+  for (size_t k = 1; k < count; ++k)
+    for (size_t i = 0; i < avg.size(); ++i) avg[i].second = avg[i].second * decay + steps[k][i].second * (1.0 - decay);
+  return avg;
+}
+
+Checkpoint load(const std::string& path) { return TorchCheckpointIO().load_checkpoint(path); }
+
+}  // namespace
+
+// The average after each of five steps is the EMA of the weights recorded after them; validation
+// runs on it, training goes on with the module's own weights, and after fit the module holds it.
+TEST(WeightAveraging, EmaEqualsTheHandComputedAverageAndIsUsedForValidationAndAfterFit) {
+  TempDir dir;
+  seed_everything(1);
+  TinyRegression m(0.1);
+  auto recorder = std::make_shared<Recorder>();
+  auto ema = std::make_shared<EMAWeightAveraging>(EMAWeightAveragingOptions().decay(0.5));
+  const std::string ck = dir.path + "/ck";
+  Trainer t(quiet(dir.path).max_epochs(1).limit_train_batches(5).logger(false).callbacks(
+      {recorder, ema,
+       std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().dirpath(ck).every_n_train_steps(1).save_top_k(-1))}));
+  t.fit(m, loader(80, 8), loader(16, 8));
+  ASSERT_EQ(recorder->after_step.size(), 5u);
+  EXPECT_EQ(ema->num_averaged(), 5);
+  const Weights expected = ema_of(recorder->after_step, 5, 0.5);
+  // Five SGD steps move the weights: the average is not the last step's weights.
+  EXPECT_FALSE(torch::allclose(expected[0].second, recorder->after_step[4][0].second, 0, 1e-4));
+  ASSERT_EQ(recorder->in_validation.size(), 2u);
+  for (const auto& w : recorder->in_validation) expect_same(w, expected, 1e-6, "validation's weights");
+  ASSERT_EQ(recorder->at_epoch_end.size(), 1u);
+  expect_same(recorder->at_epoch_end[0], recorder->after_step[4], 0, "the module's own weights after validation");
+  expect_same(weights_of(m), expected, 1e-6, "the module after fit");
+
+  // The checkpoint of step 3: the average of three steps as state_dict, the module's own beside it.
+  const Checkpoint c = load(ck + "/epoch=0-step=3.ckpt");
+  expect_same(weights_of(c.at("state_dict")), ema_of(recorder->after_step, 3, 0.5), 1e-6, "state_dict at step 3");
+  expect_same(weights_of(c.at("current_model_state")), recorder->after_step[2], 0, "current_model_state at step 3");
+  EXPECT_EQ(c.at("averaging_state").toGenericDict().at("n_averaged").toTensor().item<int64_t>(), 3);
+  // load_from_checkpoint (as test and predict with a ckpt_path) gets the average.
+  TinyRegression loaded;
+  load_from_checkpoint(loaded, ck + "/epoch=0-step=3.ckpt");
+  expect_same(weights_of(loaded), ema_of(recorder->after_step, 3, 0.5), 1e-6, "load_from_checkpoint");
+}
+
+// Resumed from the checkpoint of step 3, a fit to step 7 ends with the weights and the average
+// of the uninterrupted run, bit for bit.
+TEST(WeightAveraging, ResumeContinuesTheAverageExactly) {
+  TempDir dir;
+  const std::string ck = dir.path + "/ck";
+  auto run = [&](uint64_t seed, const std::string& ckpt_path, Weights* own) {
+    seed_everything(seed);
+    TinyRegression m(0.1);
+    auto recorder = std::make_shared<Recorder>();
+    auto ema = std::make_shared<EMAWeightAveraging>(EMAWeightAveragingOptions().decay(0.7));
+    Trainer t(quiet(dir.path).max_steps(7).logger(false).callbacks(
+        {recorder, ema,
+         std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().dirpath(ck).every_n_train_steps(1).save_top_k(-1))}));
+    t.fit(m, loader(40, 8), nullptr, ckpt_path);  // 5 batches an epoch: the resume crosses an epoch end
+    *own = recorder->after_step.back();
+    EXPECT_EQ(ema->num_averaged(), 7);
+    return weights_of(m);
+  };
+  Weights own_a, own_b;
+  const Weights a = run(1, "", &own_a);
+  const Weights b = run(2, ck + "/epoch=0-step=3.ckpt", &own_b);
+  expect_same(b, a, 0, "the average after the resumed run");
+  expect_same(own_b, own_a, 0, "the module's own weights after the last step");
+}
+
+// Without an averaging function the average is the equal one of every step's weights (SWA).
+TEST(WeightAveraging, DefaultIsTheEqualAverageOfTheSteps) {
+  TempDir dir;
+  TinyRegression m(0.1);
+  auto recorder = std::make_shared<Recorder>();
+  auto swa = std::make_shared<WeightAveraging>();
+  Trainer t(quiet(dir.path).max_steps(4).logger(false).enable_checkpointing(false).callbacks({recorder, swa}));
+  t.fit(m, loader(80, 8));
+  ASSERT_EQ(recorder->after_step.size(), 4u);
+  Weights mean = recorder->after_step[0];
+  for (size_t i = 0; i < mean.size(); ++i) {
+    mean[i].second = (recorder->after_step[0][i].second + recorder->after_step[1][i].second +
+                      recorder->after_step[2][i].second + recorder->after_step[3][i].second) / 4.0;
+  }
+  expect_same(weights_of(m), mean, 1e-6, "the module after fit");
+}
+
+TEST(WeightAveraging, UpdateScheduleAndBadOptions) {
+  TempDir dir;
+  TinyRegression m;
+  // Steps 0..5: updates at the even step indices from 2 on (2 and 4).
+  auto ema = std::make_shared<EMAWeightAveraging>(
+      EMAWeightAveragingOptions().update_starting_at_step(2).update_every_n_steps(2));
+  Trainer t(quiet(dir.path).max_steps(6).logger(false).enable_checkpointing(false).callbacks({ema}));
+  t.fit(m, loader(80, 8));
+  EXPECT_EQ(ema->num_averaged(), 2);
+  EXPECT_THAT([] { EMAWeightAveraging e(EMAWeightAveragingOptions().decay(1.5)); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("decay=1.5")));
+  EXPECT_THAT([] { EMAWeightAveraging e(EMAWeightAveragingOptions().update_every_n_steps(0)); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("update_every_n_steps=0 must be >= 1")));
+}
+
+namespace {
+
+// Makes each batch take `ms` milliseconds.
+struct SlowBatches : Callback {
+  explicit SlowBatches(int ms) : ms(ms) {}
+  std::string state_key() const override { return "SlowBatches"; }
+  void on_train_batch_end(Trainer&, LightningModule&, const StepOutput&, const Batch&, int64_t) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
+  int ms;
+};
+
+}  // namespace
+
+TEST(Timer, ShortDurationStopsFitAndResumeCarriesTheElapsedTime) {
+  TempDir dir;
+  TinyRegression m;
+  auto timer = std::make_shared<Timer>(TimerOptions().duration(std::chrono::milliseconds(200)));
+  Trainer t(quiet(dir.path).max_epochs(50).logger(false).enable_checkpointing(false).callbacks(
+      {std::make_shared<SlowBatches>(20), timer}));
+  ::testing::internal::CaptureStderr();
+  t.fit(m, loader(80, 8));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_LT(t.global_step(), 50 * 10) << "max_epochs would run 500 steps";
+  EXPECT_GE(t.global_step(), 1);
+  EXPECT_LT(t.current_epoch(), 50);
+  EXPECT_GE(timer->time_elapsed("train"), 0.2);
+  EXPECT_LE(*timer->time_remaining("train"), 0.0);
+  EXPECT_THAT(timer->reason(), HasSubstr("Timer: time limit of 0:00:00 reached"));
+  EXPECT_THAT(err, HasSubstr("step " + std::to_string(t.global_step()) + ": Timer: time limit of 0:00:00 reached"));
+  EXPECT_THAT(err, HasSubstr("Time limit reached."));
+
+  const std::string path = dir.path + "/timer.ckpt";
+  t.save_checkpoint(path);
+  const double saved = load(path).at("callbacks").toGenericDict().at("Timer").toGenericDict().at("time_elapsed")
+                           .toGenericDict().at("train").toDouble();
+  EXPECT_NEAR(saved, timer->time_elapsed("train"), 1e-9);
+
+  // A resumed run whose time is spent stops before its first batch.
+  TinyRegression m2;
+  auto spent = std::make_shared<Timer>(TimerOptions().duration(std::chrono::milliseconds(100)));
+  Trainer t2(quiet(dir.path).max_epochs(50).logger(false).enable_checkpointing(false).callbacks({spent}));
+  t2.fit(m2, loader(80, 8), nullptr, path);
+  EXPECT_EQ(t2.global_step(), t.global_step());
+  EXPECT_GE(spent->time_elapsed(), saved);
+  EXPECT_FALSE(spent->reason().empty());
+
+  // One with time left counts on from the saved time.
+  TinyRegression m3;
+  auto more = std::make_shared<Timer>(TimerOptions().duration("00:01:00:00"));
+  EXPECT_EQ(more->options().duration()->count(), 3600.0);
+  Trainer t3(quiet(dir.path).max_steps(t.global_step() + 2).logger(false).enable_checkpointing(false).callbacks({more}));
+  t3.fit(m3, loader(80, 8), nullptr, path);
+  EXPECT_EQ(t3.global_step(), t.global_step() + 2);
+  EXPECT_GT(more->time_elapsed(), saved);
+  EXPECT_LT(more->time_elapsed(), saved + 30);
+  EXPECT_TRUE(more->reason().empty());
+}
+
+TEST(Timer, BadInputsAreNamed) {
+  EXPECT_THAT([] { Timer t(TimerOptions().interval("hour")); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("interval 'hour' is not known")));
+  EXPECT_THAT([] { TimerOptions().duration("1:2:3"); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("\"1:2:3\" is not a valid duration")));
+  EXPECT_THAT([] { Timer t(TimerOptions().duration(std::chrono::seconds(-1))); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("is negative")));
+  EXPECT_THAT([] { Timer().time_elapsed("fit"); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("stage 'fit' is not known")));
+  EXPECT_EQ(TimerOptions().duration("2:03:04:05").duration()->count(), 2 * 86400 + 3 * 3600 + 4 * 60 + 5);
+}
+
+namespace {
+
+struct StepsPerEpoch : Callback {
+  std::string state_key() const override { return "StepsPerEpoch"; }
+  void on_train_epoch_end(Trainer& t, LightningModule&) override {
+    steps.push_back(t.global_step());
+    accumulate.push_back(t.accumulate_grad_batches());
+  }
+  std::vector<int64_t> steps, accumulate;
+};
+
+}  // namespace
+
+// 10 batches an epoch: epoch 0 steps after each (10), epoch 1 every 2 (5), epochs 2 and 3 every
+// 4 (4 + 4 + the last 2 batches: 3 each).
+TEST(GradientAccumulationScheduler, OptimizerStepsPerEpochFollowTheSchedule) {
+  TempDir dir;
+  TinyRegression m;
+  auto record = std::make_shared<StepsPerEpoch>();
+  auto schedule = std::make_shared<GradientAccumulationScheduler>(std::map<int64_t, int64_t>{{1, 2}, {2, 4}});
+  EXPECT_EQ(schedule->scheduling().at(0), 1);
+  Trainer t(quiet(dir.path).max_epochs(4).logger(false).enable_checkpointing(false).callbacks({record, schedule}));
+  t.fit(m, loader(80, 8));
+  EXPECT_EQ(record->steps, (std::vector<int64_t>{10, 15, 18, 21}));
+  EXPECT_EQ(record->accumulate, (std::vector<int64_t>{1, 2, 4, 4}));
+}
+
+TEST(GradientAccumulationScheduler, BadInputsAndTheClashWithTheTrainerOption) {
+  using Schedule = std::map<int64_t, int64_t>;
+  EXPECT_THAT([] { GradientAccumulationScheduler s(Schedule{}); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("the scheduling is empty")));
+  EXPECT_THAT([] { GradientAccumulationScheduler s(Schedule{{-1, 2}}); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("epoch -1 is negative")));
+  EXPECT_THAT([] { GradientAccumulationScheduler s(Schedule{{0, 2}, {3, 0}}); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("accumulate_grad_batches=0 for epoch 3 must be >= 1")));
+  EXPECT_THAT(
+      [] {
+        Trainer t(TrainerOptions().accumulate_grad_batches(2).callbacks(
+            {std::make_shared<GradientAccumulationScheduler>(Schedule{{1, 4}})}));
+      },
+      ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("accumulate_grad_batches=2 and a GradientAccumulationScheduler")));
+}
+
+namespace {
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+// Rates from 1e-5 up to 0.1 over 40 steps: no divergence, so 40 points, rising exponentially to
+// max_lr; the weights come back bit for bit and the CSV holds the curve.
+TEST(LRFinder, CurveWithoutDivergenceAndWeightsRestored) {
+  TempDir dir;
+  seed_everything(3);
+  TinyRegression m(0.1);
+  const Weights before = weights_of(m);
+  Trainer t(quiet(dir.path).max_epochs(1));
+  const LRFinderResult r =
+      lr_find(t, m, loader(256, 8), LRFinderOptions().min_lr(1e-5).max_lr(0.1).num_training(40));
+  expect_same(weights_of(m), before, 0, "the weights after lr_find");
+  ASSERT_EQ(r.lrs.size(), 40u);
+  ASSERT_EQ(r.losses.size(), 40u);
+  EXPECT_DOUBLE_EQ(r.lrs.front(), 1e-5);
+  EXPECT_NEAR(r.lrs.back(), 0.1, 1e-12);
+  EXPECT_NEAR(r.lrs[1], 1e-5 * std::pow(1e4, 2.0 / 40), 1e-15);
+  for (size_t i = 1; i < r.lrs.size(); ++i) EXPECT_GT(r.lrs[i], r.lrs[i - 1]);
+  for (double loss : r.losses) EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_EQ(r.csv_path, dir.path + "/lr_find.csv");
+  const auto rows = lines_of(r.csv_path);
+  ASSERT_EQ(rows.size(), 41u);
+  EXPECT_EQ(rows[0], "step,lr,loss");
+  EXPECT_EQ(rows[1].rfind("0,1.0000000000000001e-05,", 0), 0u) << rows[1];
+  EXPECT_FALSE(fs::exists(dir.path + "/lightning_logs")) << "the range test logs nothing";
+}
+
+// From 1e-6 to 10 the loss of this least-squares problem diverges (gradient descent on its full
+// batch is unstable above about 1): the test stops early, and the suggestion lies where the
+// smoothed loss falls fastest against log10(lr), well below that and well above min_lr.
+TEST(LRFinder, SuggestionOnARegressionProblemAndEarlyStop) {
+  TempDir dir;
+  seed_everything(3);
+  TinyRegression m(0.1);
+  Trainer t(quiet(dir.path));
+  const LRFinderResult r = lr_find(t, m, loader(64, 64),
+                                   LRFinderOptions().min_lr(1e-6).max_lr(10).num_training(100).csv_path(dir.path + "/c.csv"));
+  EXPECT_LT(r.lrs.size(), 100u) << "diverged before max_lr";
+  EXPECT_GT(r.lrs.size(), 50u);
+  EXPECT_GT(r.losses.back(), 4 * *std::min_element(r.losses.begin(), r.losses.end()));
+  const auto s = r.suggestion();
+  ASSERT_TRUE(s.has_value());
+  EXPECT_GT(*s, 1e-3);
+  EXPECT_LT(*s, 1.0);
+  EXPECT_EQ(lines_of(dir.path + "/c.csv").size(), r.lrs.size() + 1);
+  // Too few points left after the skipped ones: no suggestion.
+  EXPECT_FALSE(r.suggestion(static_cast<int64_t>(r.lrs.size()) - 2, 1).has_value());
+  EXPECT_THAT([&] { lr_find(t, m, loader(64, 8), LRFinderOptions().mode("cosine")); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("mode 'cosine' is not known")));
+  EXPECT_THAT([&] { lr_find(t, m, loader(64, 8), LRFinderOptions().min_lr(1).max_lr(0.5)); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("max_lr=0.500000 must be greater than min_lr")));
+}
+
+namespace {
+
+int64_t count_of(const std::string& text, const std::string& what) {
+  int64_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST(WarnOnce, SameTextIsWrittenOncePerProcess) {
+  ::testing::internal::CaptureStderr();
+  EXPECT_TRUE(runtime::warn_rank_zero_once("WarnOnce test: a"));
+  EXPECT_FALSE(runtime::warn_rank_zero_once("WarnOnce test: a"));
+  EXPECT_TRUE(runtime::warn_rank_zero_once("WarnOnce test: b"));
+  EXPECT_FALSE(runtime::warn_once("WarnOnce test: b"));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err, "fulgur: warning: WarnOnce test: a\nfulgur: warning: WarnOnce test: b\n");
+}
+
+// ckpt_path="last" with no last.ckpt anywhere warns in every validate and test: one line.
+TEST(WarnOnce, ALibraryWarningMetInEveryStageIsOneLine) {
+  TempDir dir;
+  TinyRegression m;
+  Trainer t(quiet(dir.path).logger(false));
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 3; ++i) {
+    t.validate(m, loader(16, 8), "last");
+    t.test(m, loader(16, 8), "last");
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count_of(err, "no last.ckpt was found"), 1) << err;
+}
+
+// A resume into a new version folder: the restored ModelCheckpoint state names the old folder's
+// files, which one line reports.
+TEST(WarnOnce, ResumeIntoANewVersionFolderPrintsOneLine) {
+  TempDir dir;
+  {
+    TinyRegression m;
+    Trainer t(quiet(dir.path).max_epochs(2).callbacks(
+        {std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().monitor("val_loss").save_last(true).save_top_k(2))}));
+    t.fit(m, loader(32, 8), loader(16, 8));
+  }
+  const std::string ckpt = dir.path + "/lightning_logs/version_0/checkpoints/last.ckpt";
+  ASSERT_TRUE(fs::exists(ckpt));
+  TinyRegression m;
+  Trainer t(quiet(dir.path).max_epochs(3).callbacks(
+      {std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().monitor("val_loss").save_last(true).save_top_k(2))}));
+  ::testing::internal::CaptureStderr();
+  t.fit(m, loader(32, 8), loader(16, 8), ckpt);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(fs::exists(dir.path + "/lightning_logs/version_1"));
+  EXPECT_EQ(count_of(err, "ModelCheckpoint"), 1) << err;
+  EXPECT_THAT(err, HasSubstr("the top-k checkpoint '"));
+  EXPECT_THAT(err, HasSubstr("the last checkpoint '"));
+  EXPECT_THAT(err, HasSubstr("the best checkpoint '"));
+}
