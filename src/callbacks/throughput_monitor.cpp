@@ -53,10 +53,8 @@ void ThroughputMonitor::on_fit_start(Trainer&, LightningModule&) {
   last_.clear();
 }
 
-// The clock starts with the first training epoch, after the sanity check, as Lightning's starts
-// at on_train_start.
-void ThroughputMonitor::on_train_epoch_start(Trainer&, LightningModule&) {
-  if (started_) return;
+// The clock starts with training, after the sanity check, as Lightning's.
+void ThroughputMonitor::on_train_start(Trainer&, LightningModule&) {
   started_ = true;
   t0_ = Clock::now();
   const xla::pjrt::RuntimeMetrics m = xla::pjrt::runtime_metrics();

@@ -57,7 +57,7 @@ class ThroughputMonitor : public Callback {
   explicit ThroughputMonitor(ThroughputMonitorOptions options = ThroughputMonitorOptions());
   std::string state_key() const override { return "ThroughputMonitor"; }
   void on_fit_start(Trainer&, LightningModule&) override;
-  void on_train_epoch_start(Trainer&, LightningModule&) override;
+  void on_train_start(Trainer&, LightningModule&) override;
   void on_train_batch_end(Trainer&, LightningModule&, const StepOutput&, const Batch&, int64_t) override;
   void on_validation_start(Trainer&, LightningModule&) override;
   void on_validation_end(Trainer&, LightningModule&) override;
