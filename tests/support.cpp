@@ -155,6 +155,16 @@ OptimizerConfig TinyRegression::configure_optimizers() {
   return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(lr));
 }
 
+TrainerOptions quiet_cpu_options(const std::string& root) {
+  return TrainerOptions()
+      .accelerator("cpu")
+      .devices(1)
+      .default_root_dir(root)
+      .enable_progress_bar(false)
+      .enable_model_summary(false)
+      .num_sanity_val_steps(0);
+}
+
 std::shared_ptr<TensorDataset> regression_data(int64_t n, int64_t in, uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   auto x = at::randn({n, in}, gen);

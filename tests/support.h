@@ -88,6 +88,10 @@ struct TinyRegression : LightningModule {
   std::vector<double> losses;  // every training loss, in order
 };
 
+// One CPU process writing only what a test reads: no progress bar, no model summary, no sanity
+// validation, logs under `root`.
+TrainerOptions quiet_cpu_options(const std::string& root);
+
 // n samples of a fixed random linear problem.
 std::shared_ptr<TensorDataset> regression_data(int64_t n, int64_t in = 8, uint64_t seed = 0);
 

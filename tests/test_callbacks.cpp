@@ -25,15 +25,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-TrainerOptions quiet(const std::string& root) {
-  return TrainerOptions()
-      .accelerator("cpu")
-      .devices(1)
-      .default_root_dir(root)
-      .enable_progress_bar(false)
-      .enable_model_summary(false)
-      .num_sanity_val_steps(0);
-}
+TrainerOptions quiet(const std::string& root) { return fulgur::testing::quiet_cpu_options(root); }
 
 std::shared_ptr<DataLoader> loader(int64_t n, int64_t batch) {
   return std::make_shared<DataLoader>(regression_data(n), DataLoaderOptions(batch));

@@ -41,9 +41,7 @@ struct RecordingLogger : Logger {
 
 TrainerOptions quiet(const std::string& dir, const std::shared_ptr<RecordingLogger>& logger) {
   logger->dir = dir;
-  return TrainerOptions().accelerator("cpu").devices(1).default_root_dir(dir).enable_progress_bar(false)
-      .enable_model_summary(false).enable_checkpointing(false).num_sanity_val_steps(0).log_every_n_steps(1)
-      .logger(logger);
+  return fulgur::testing::quiet_cpu_options(dir).enable_checkpointing(false).log_every_n_steps(1).logger(logger);
 }
 
 // Linear(in, hidden), ReLU, Linear(hidden, out) on a mean squared error, plain SGD.
