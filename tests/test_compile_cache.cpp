@@ -412,9 +412,9 @@ TEST(CompileCachePjrt, ASecondRunCompilesNothingAndGivesTheSameResults) {
 }
 
 // A program the plugin cannot serialize (a reduction, which fulgur's default XLA_FLAGS make an
-// XNNPACK fusion on the CPU plugin) runs all the same, with one warning, and is compiled again
+// XNNPACK fusion on the CPU plugin) runs all the same, said once, and is compiled again
 // by the next process.
-TEST(CompileCachePjrt, AProgramThePluginCannotSerializeRunsWithAWarningAndIsNotKept) {
+TEST(CompileCachePjrt, AProgramThePluginCannotSerializeRunsSaidOnceAndIsNotKept) {
   TempDir tmp;
   const std::string dir = tmp.path + "/cache";
   const std::string sum =

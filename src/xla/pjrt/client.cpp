@@ -630,15 +630,18 @@ Executable Client::compile(const std::string& stablehlo) const {
   try {
     cache.store(key, serialize(*plugin_, compiled.executable_));
   } catch (const PjrtError& e) {
-    // The plugin may refuse some programs only (the pinned CPU plugin cannot serialize an
-    // XNNPACK fusion); each such program is compiled again by later processes.
+    // The plugin may refuse some programs only: the pinned CPU plugin cannot serialize an XNNPACK
+    // fusion, which fulgur's default XLA_FLAGS make of reductions, so this happens in every run of
+    // that configuration; said once per cause and process, by rank 0, as information.
     static std::mutex& mu = *new std::mutex;
-    static auto& warned = *new std::set<std::string>;
+    static auto& told = *new std::set<std::string>;
     std::lock_guard<std::mutex> lock(mu);
-    if (warned.insert(e.cause()).second)
-      runtime::log(runtime::LogLevel::kWarning,
-                   "xla compile cache: a program is not kept, because the plugin cannot serialize its "
-                   "executable (" + e.cause() + "); later processes compile it again (warned once per cause)");
+    if (told.insert(e.cause()).second)
+      runtime::log_rank_zero(runtime::LogLevel::kInfo,
+                             "xla compile cache: a program is not kept, because the plugin cannot serialize its "
+                             "executable (" + e.cause() + "); later processes compile it again. On the CPU plugin, "
+                             "XLA_FLAGS=--xla_cpu_experimental_xnn_fusion_type= (no XNNPACK fusions) lets every "
+                             "program be kept");
   }
   return compiled;
 }
