@@ -95,7 +95,8 @@ def main():
                     rows[side].append(res)
                     utils[side].append(util)
         if a.xla_plugin:
-            env = dict(os.environ, PJRT_DEVICE="CUDA", PJRT_LIBRARY_PATH=a.xla_plugin)
+            # Compiled each run (no compile cache), as the earlier figures were.
+            env = dict(os.environ, PJRT_DEVICE="CUDA", PJRT_LIBRARY_PATH=a.xla_plugin, FULGUR_XLA_CACHE_DIR="off")
             prefix = os.path.join(a.out, "x")
             cmd = [bench, "--model", model, "--accelerator", "xla", "--devices", "1", "--out", prefix] + common
             rc, secs, util = run(cmd, env=env, log=log, sample_gpu=True)

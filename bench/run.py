@@ -158,6 +158,10 @@ class Runner:
         env["OMP_NUM_THREADS"] = str(threads)
         env["OPENBLAS_NUM_THREADS"] = str(threads)
         env["OMP_WAIT_POLICY"] = "PASSIVE"
+        # Every repetition compiles its XLA programs, as Lightning on torch_xla does: with fulgur's
+        # compile cache the later ones would load the first's, and the start-up figure would
+        # change meaning between repetitions.
+        env["FULGUR_XLA_CACHE_DIR"] = "off"
         if self.openblas_core:
             env["OPENBLAS_CORETYPE"] = self.openblas_core
         return env

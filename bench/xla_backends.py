@@ -59,6 +59,9 @@ def run_side(args, work, side, model, rep):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
     if side != "cpu":
         env["FULGUR_XLA_BACKEND"] = side
+    # Every run compiles its graphs, so that "compile per graph" stays a compile time (the compile
+    # cache would make later repetitions load the first's programs).
+    env["FULGUR_XLA_CACHE_DIR"] = "off"
     cmd = [args.bin, "--model", model, "--accelerator", "cpu" if side == "cpu" else "xla",
            "--devices", str(args.devices), "--threads", str(threads), "--warmup", str(WARMUP[model]), "--steps", str(steps),
            "--data-dir", args.data_dir, "--init-dir", work, "--out", out]

@@ -33,6 +33,9 @@ const std::vector<EnvVar> kTable = {
     {"FULGUR_XLA_HOST_KERNELS", F::kChoice, "0|1",
      "\"0\" (XLA's own convolutions), \"1\" (convolutions on the CPU plugin run libtorch's kernels), or unset",
      "libtorch's kernels on the CPU plugin, XLA's own on others", "where the pjrt backend's convolutions run"},
+    {"FULGUR_XLA_CACHE_DIR", F::kText, nullptr, "a folder, or \"off\"",
+     "<default_root_dir>/.xla_cache in a Trainer's workers; none outside a Trainer",
+     "where compiled XLA programs are kept for later processes to load instead of compiling (\"off\": nowhere)"},
     // The launcher's own, in its workers.
     {"FULGUR_WORKER", F::kChoice, "1", "1", kByLauncher, "this process is a worker of fulgur's launcher"},
     {"FULGUR_LAUNCH_DIR", F::kText, nullptr, "a folder", kByLauncher, "the launch's private folder (results, error records)"},

@@ -17,11 +17,13 @@
 #include "runtime/signals.h"
 #include "runtime/threads.h"
 #include "trainer/trainer_impl.h"
+#include "xla/pjrt/compile_cache.h"
 
 #include <torch/torch.h>
 
 #include <chrono>
 #include <exception>
+#include <filesystem>
 #include <stdexcept>
 
 namespace fulgur::detail {
@@ -44,6 +46,17 @@ std::string TrainerImpl::resume_after_restart(const std::string& ckpt_path) {
 c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, StageData data, const std::string& ckpt_path) {
   stage = run_stage;
   model = &m;
+  // Compiled XLA programs are kept beside the run's other files, for the workers of the next
+  // stages (each compiles the same graphs again otherwise); FULGUR_XLA_CACHE_DIR overrides. A
+  // stage run in this process (one device, no launcher) leaves no default behind it, so that
+  // later compiles outside a Trainer do not write into this run's folder; declared before the
+  // teardown below, so that the teardown's graphs (the module moved back) are cached too.
+  struct CompileCacheDefault {
+    explicit CompileCacheDefault(const std::string& root) {
+      xla::pjrt::set_default_compile_cache_dir((std::filesystem::path(root) / ".xla_cache").string());
+    }
+    ~CompileCacheDefault() { xla::pjrt::set_default_compile_cache_dir(""); }
+  } compile_cache_default{options.default_root_dir()};
   attach(m, &owner);
   struct Detach {
     TrainerImpl* self;

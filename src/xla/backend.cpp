@@ -8,8 +8,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
+
+#include "xla/pjrt/compile_cache.h"
+#include "xla/pjrt/metrics.h"
 
 namespace fulgur::xla {
 namespace {
@@ -54,7 +58,7 @@ std::string Backend::metrics_report() const {
   if (name() == "pjrt") {
     o << "  xla graphs compiled: " << m.xla_graphs_compiled << "\n";
     std::snprintf(buf, sizeof buf, "%.3f", m.xla_compile_seconds);
-    o << "  xla compile seconds: " << buf << "  (StableHLO emission and PJRT compile)\n";
+    o << "  xla compile seconds: " << buf << "  (StableHLO emission and PJRT compile, or compile cache load)\n";
     o << "  xla executions:      " << m.xla_executions << "\n";
     std::snprintf(buf, sizeof buf, "%.4g", m.xla_executed_flops);
     o << "  xla executed flops:  " << buf << "  (XLA's cost analysis of each program run)\n";
@@ -73,6 +77,12 @@ std::string Backend::metrics_report() const {
     }
     o << "\n";
     o << "  runs of those graphs on TorchScript: " << m.ts_fallback_executions << "\n";
+    const pjrt::RuntimeMetrics r = pjrt::runtime_metrics();
+    const std::optional<std::string> cache = pjrt::compile_cache_dir();
+    o << "  PJRT compiles:       " << r.programs_compiled << "\n";
+    o << "  compile cache:       " << (cache ? *cache : std::string("off")) << "\n";
+    o << "    hits " << r.cache_hits << ", misses " << r.cache_misses << ", entries refused " << r.cache_rejected
+      << "; bytes read " << r.cache_bytes_read << ", written " << r.cache_bytes_written << "\n";
   }
   if (m.eager_fallbacks.count("aten::_local_scalar_dense")) {
     o << "    (aten::_local_scalar_dense is item(); the others ran on the CPU outside the graph)\n";

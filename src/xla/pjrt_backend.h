@@ -24,8 +24,8 @@
 namespace fulgur::xla {
 
 struct PjrtBackendMetrics {
-  int64_t graphs_compiled = 0;   // graphs compiled by XLA
-  double compile_seconds = 0;    // emission + PJRT compile of those graphs
+  int64_t graphs_compiled = 0;   // graphs compiled by XLA or loaded from the compile cache
+  double compile_seconds = 0;    // emission + PJRT compile (or cache load) of those graphs
   int64_t executions = 0;        // graphs run by XLA
   int64_t bytes_to_device = 0;   // host -> device: tensors made device data, numbers each run
   int64_t bytes_to_host = 0;     // device -> host: values the host read

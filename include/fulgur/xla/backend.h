@@ -30,8 +30,9 @@ struct BackendMetrics {
   // .to(kCPU) of a pending tensor) is not timed.
   double compile_seconds = 0.0;
   double execute_seconds = 0.0;
-  // FULGUR_XLA_BACKEND=pjrt only (zeros otherwise): graphs compiled by XLA, the time of their
-  // StableHLO emission and PJRT compile, graphs run by XLA, bytes of arguments uploaded and of
+  // FULGUR_XLA_BACKEND=pjrt only (zeros otherwise): graphs compiled by XLA (or loaded from the
+  // compile cache; the metrics report has the PJRT compiles), the time of their StableHLO
+  // emission and PJRT compile or cache load, graphs run by XLA, bytes of arguments uploaded and of
   // results downloaded, and the graphs kept on TorchScript because of an op (or reason) the
   // StableHLO emitter does not handle, by op kind ("aten::cos" -> 2; a graph counts once when it
   // is compiled, not at each run), and the runs of such graphs on TorchScript.

@@ -14,16 +14,23 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "runtime/log.h"
 #include "runtime/threads.h"
+#include "xla/pjrt/compile_cache.h"
 #include "xla/pjrt/metrics.h"
 #include "xla/pjrt/plugin_choice.h"
 
@@ -107,6 +114,46 @@ void destroy_executable(const Plugin& plugin, PJRT_LoadedExecutable* executable)
   d.struct_size = PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE;
   d.executable = executable;
   destroy_quietly(plugin, plugin.api()->PJRT_LoadedExecutable_Destroy(&d));
+}
+
+// Whether the plugin's function table reaches `name` and fills it: functions past those every
+// plugin must have (plugin.cpp's kApiFieldsUsed) are used only when this holds.
+#define FULGUR_PJRT_HAS(api, name) \
+  ((api)->struct_size >= PJRT_STRUCT_SIZE(PJRT_Api, name) && (api)->name != nullptr)
+
+// The serialized form of `executable` (PJRT_Executable_Serialize), for the compile cache.
+std::string serialize(const Plugin& plugin, PJRT_LoadedExecutable* executable) {
+  PJRT_LoadedExecutable_GetExecutable_Args g{};
+  g.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
+  g.loaded_executable = executable;
+  plugin.check(plugin.api()->PJRT_LoadedExecutable_GetExecutable(&g), "PJRT_LoadedExecutable_GetExecutable");
+  PJRT_Executable_Serialize_Args a{};
+  a.struct_size = PJRT_Executable_Serialize_Args_STRUCT_SIZE;
+  a.executable = g.executable;
+  PJRT_Error* error = plugin.api()->PJRT_Executable_Serialize(&a);
+  std::string bytes;
+  if (!error) {
+    bytes.assign(a.serialized_bytes, a.serialized_bytes_size);
+    if (a.serialized_executable_deleter) a.serialized_executable_deleter(a.serialized_executable);
+  }
+  PJRT_Executable_Destroy_Args d{};
+  d.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE;
+  d.executable = g.executable;
+  destroy_quietly(plugin, plugin.api()->PJRT_Executable_Destroy(&d));
+  plugin.check(error, "PJRT_Executable_Serialize");
+  return bytes;
+}
+
+// The host CPU's model and feature flags (/proc/cpuinfo's first "model name" and "flags" lines):
+// code XLA:CPU compiled for one host may use instructions another lacks.
+std::string host_cpu_description() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model, flags;
+  while (std::getline(in, line) && (model.empty() || flags.empty())) {
+    if (model.empty() && line.rfind("model name", 0) == 0) model = line;
+    if (flags.empty() && line.rfind("flags", 0) == 0) flags = line;
+  }
+  return model + "\n" + flags + "\n";
 }
 
 void set_thread_count(int64_t local_world_size) {
@@ -423,6 +470,7 @@ Client::Client(const Plugin& plugin, const ClientOptions& options) : plugin_(&pl
       k = static_cast<size_t>(options.local_rank);
     }
     device_ = d.addressable_devices[k];
+    xla_flags_ = runtime::env_string("XLA_FLAGS");
   } catch (...) {
     PJRT_Client_Destroy_Args x{};
     x.struct_size = PJRT_Client_Destroy_Args_STRUCT_SIZE;
@@ -554,7 +602,82 @@ Client::~Client() {
   destroy_quietly(*plugin_, plugin_->api()->PJRT_Client_Destroy(&x));
 }
 
+const std::string& Client::plugin_identity() const {
+  std::call_once(identity_once_, [this] {
+    std::ostringstream o;
+    o << "plugin " << plugin_->path() << "\n";
+    struct stat st {};
+    if (::stat(plugin_->path().c_str(), &st) == 0)
+      o << "size " << st.st_size << " modified " << st.st_mtim.tv_sec << "." << st.st_mtim.tv_nsec << "\n";
+    o << "api " << plugin_->major_version() << "." << plugin_->minor_version() << "\n";
+    for (const auto& [name, value] : plugin_->attributes()) o << "attribute " << name << "=" << value << "\n";
+    o << "platform " << platform_name_ << "\n";
+    const PJRT_Api* api = plugin_->api();
+    if (FULGUR_PJRT_HAS(api, PJRT_DeviceDescription_Kind)) {
+      PJRT_Device_GetDescription_Args g{};
+      g.struct_size = PJRT_Device_GetDescription_Args_STRUCT_SIZE;
+      g.device = device_;
+      plugin_->check(api->PJRT_Device_GetDescription(&g), "PJRT_Device_GetDescription");
+      PJRT_DeviceDescription_Kind_Args k{};
+      k.struct_size = PJRT_DeviceDescription_Kind_Args_STRUCT_SIZE;
+      k.device_description = g.device_description;
+      plugin_->check(api->PJRT_DeviceDescription_Kind(&k), "PJRT_DeviceDescription_Kind");
+      o << "device kind " << std::string(k.device_kind, k.device_kind_size) << "\n";
+    }
+    o << "XLA_FLAGS " << xla_flags_ << "\n";
+    if (platform_name_ == "cpu") o << host_cpu_description();
+    identity_ = o.str();
+  });
+  return identity_;
+}
+
 Executable Client::compile(const std::string& stablehlo) const {
+  const PJRT_Api* api = plugin_->api();
+  const std::optional<std::string> dir = compile_cache_dir();
+  if (!dir || !FULGUR_PJRT_HAS(api, PJRT_Executable_Serialize) ||
+      !FULGUR_PJRT_HAS(api, PJRT_Executable_DeserializeAndLoad))
+    return compile_uncached(stablehlo);
+  const CompileCache cache(*dir);
+  if (!cache.usable()) return compile_uncached(stablehlo);
+  const CacheKey key =
+      compile_cache_key(stablehlo, std::string_view(kCompileOptions, sizeof kCompileOptions), plugin_identity());
+  if (const std::optional<std::string> payload = cache.load(key)) {
+    PJRT_Executable_DeserializeAndLoad_Args a{};
+    a.struct_size = PJRT_Executable_DeserializeAndLoad_Args_STRUCT_SIZE;
+    a.client = client_;
+    a.serialized_executable = payload->data();
+    a.serialized_executable_size = payload->size();
+    try {
+      plugin_->check(api->PJRT_Executable_DeserializeAndLoad(&a), "PJRT_Executable_DeserializeAndLoad");
+      Executable loaded(*plugin_, device_, a.loaded_executable);
+      detail::count_cache_hit();
+      return loaded;
+    } catch (const PjrtError& e) {
+      cache.reject(key, "the plugin could not load it (" + e.cause() + ")");
+    }
+  }
+  detail::count_cache_miss();
+  Executable compiled = compile_uncached(stablehlo);
+  try {
+    cache.store(key, serialize(*plugin_, compiled.executable_));
+  } catch (const PjrtError& e) {
+    // The plugin may refuse some programs only: the pinned CPU plugin cannot serialize an XNNPACK
+    // fusion, which fulgur's default XLA_FLAGS make of reductions, so this happens in every run of
+    // that configuration; said once per cause and process, by rank 0, as information.
+    static std::mutex& mu = *new std::mutex;
+    static auto& told = *new std::set<std::string>;
+    std::lock_guard<std::mutex> lock(mu);
+    if (told.insert(e.cause()).second)
+      runtime::log_rank_zero(runtime::LogLevel::kInfo,
+                             "xla compile cache: a program is not kept, because the plugin cannot serialize its "
+                             "executable (" + e.cause() + "); later processes compile it again. On the CPU plugin, "
+                             "XLA_FLAGS=--xla_cpu_experimental_xnn_fusion_type= (no XNNPACK fusions) lets every "
+                             "program be kept");
+  }
+  return compiled;
+}
+
+Executable Client::compile_uncached(const std::string& stablehlo) const {
   static const char format[] = "mlir";
   PJRT_Program program{};
   program.struct_size = PJRT_Program_STRUCT_SIZE;

@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -160,6 +161,12 @@ class Client {
 
   // Compiles a StableHLO module given as MLIR text (format "mlir") for one replica and one
   // partition. Throws PjrtError with the plugin's diagnostics if the program is rejected.
+  //
+  // With a compile cache folder (compile_cache_dir(), compile_cache.h) and a plugin that can
+  // serialize executables, the program is first looked up there, under a key of its text, the
+  // compile options and plugin_identity(), and loaded instead of compiled when found; a program
+  // compiled is written there for later processes. An entry that fails a check, or that the
+  // plugin refuses to load, is ignored with a warning and replaced.
   Executable compile(const std::string& stablehlo) const;
 
   // The allocator statistics of the client's device (PJRT_Device_MemoryStats), by name:
@@ -168,16 +175,28 @@ class Client {
   // pool_bytes, peak_pool_bytes the plugin gives. Empty when the plugin has no statistics.
   std::map<std::string, int64_t> memory_stats() const;
 
+  // What besides the program decides the compiled code, as text: the plugin file (path, size,
+  // modification time), its API version and attributes (XLA's version among them), the platform,
+  // the device kind, XLA_FLAGS as the client was created with, and on the CPU platform the host
+  // CPU's model and features (XLA:CPU compiles for the host it runs on, and a cache folder may be
+  // shared by machines of several kinds). Part of each compile cache key.
+  const std::string& plugin_identity() const;
+
   // Copies `dims`-shaped dense row-major data of `type` to the device; `data` may be reused as
   // soon as this returns.
   Buffer to_device(const void* data, ElementType type, const std::vector<int64_t>& dims) const;
 
  private:
+  Executable compile_uncached(const std::string& stablehlo) const;
+
   const Plugin* plugin_;
   PJRT_Client* client_ = nullptr;
   PJRT_Device* device_ = nullptr;
   size_t addressable_devices_ = 0;
   std::string platform_name_;
+  std::string xla_flags_;  // XLA_FLAGS when the client was created (XLA reads it then)
+  mutable std::once_flag identity_once_;
+  mutable std::string identity_;
 };
 
 // This process's client, created on first use from the plugin choose_plugin() picks

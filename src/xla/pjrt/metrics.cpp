@@ -9,6 +9,7 @@ namespace {
 std::atomic<int64_t> programs_compiled{0}, compile_ns{0}, executions{0}, bytes_to_device{0}, bytes_to_host{0},
     executions_without_flops{0};
 std::atomic<double> executed_flops{0};
+std::atomic<int64_t> cache_hits{0}, cache_misses{0}, cache_rejected{0}, cache_bytes_read{0}, cache_bytes_written{0};
 
 }  // namespace
 
@@ -21,6 +22,11 @@ RuntimeMetrics runtime_metrics() {
   m.executions_without_flops = executions_without_flops.load();
   m.bytes_to_device = bytes_to_device.load();
   m.bytes_to_host = bytes_to_host.load();
+  m.cache_hits = cache_hits.load();
+  m.cache_misses = cache_misses.load();
+  m.cache_rejected = cache_rejected.load();
+  m.cache_bytes_read = cache_bytes_read.load();
+  m.cache_bytes_written = cache_bytes_written.load();
   return m;
 }
 
@@ -42,6 +48,11 @@ void count_execution(double flops) {
 }
 void count_to_device(int64_t bytes) { bytes_to_device.fetch_add(bytes); }
 void count_to_host(int64_t bytes) { bytes_to_host.fetch_add(bytes); }
+void count_cache_hit() { cache_hits.fetch_add(1); }
+void count_cache_miss() { cache_misses.fetch_add(1); }
+void count_cache_rejected() { cache_rejected.fetch_add(1); }
+void count_cache_bytes_read(int64_t bytes) { cache_bytes_read.fetch_add(bytes); }
+void count_cache_bytes_written(int64_t bytes) { cache_bytes_written.fetch_add(bytes); }
 }  // namespace detail
 
 }  // namespace fulgur::xla::pjrt

@@ -16,6 +16,15 @@ struct RuntimeMetrics {
   int64_t executions_without_flops = 0;
   int64_t bytes_to_device = 0;    // host -> device (Client::to_device)
   int64_t bytes_to_host = 0;      // device -> host (Buffer::to_host)
+  // The compile cache (compile_cache.h), when a folder is set: programs loaded from it instead of
+  // compiled (hits), programs compiled while it was on (misses, a rejected entry's included),
+  // entries refused (corrupt, truncated, foreign, not this user's, or refused by the plugin),
+  // and the bytes of entries read and written.
+  int64_t cache_hits = 0;
+  int64_t cache_misses = 0;
+  int64_t cache_rejected = 0;
+  int64_t cache_bytes_read = 0;
+  int64_t cache_bytes_written = 0;
 };
 
 RuntimeMetrics runtime_metrics();
@@ -25,6 +34,11 @@ void count_compile(double seconds);
 void count_execution(double flops);
 void count_to_device(int64_t bytes);
 void count_to_host(int64_t bytes);
+void count_cache_hit();
+void count_cache_miss();
+void count_cache_rejected();
+void count_cache_bytes_read(int64_t bytes);
+void count_cache_bytes_written(int64_t bytes);
 }  // namespace detail
 
 }  // namespace fulgur::xla::pjrt
