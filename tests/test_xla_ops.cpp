@@ -241,6 +241,68 @@ TEST(XlaOps, MaskedFillAndItsBackward) {
            {torch::randn({3, 5}).to(torch::kBFloat16), torch::randn({3, 5}) > 0}, bf16_options());
 }
 
+// where: same shapes, a condition and operands broadcast against each other, a number as the
+// other operand (where.ScalarOther wraps it), self and other of different dtypes (promoted),
+// ±inf and NaN passed through untouched, bfloat16; with its backward (where with zeros, on each
+// operand's gradient, summed over the broadcast dims).
+TEST(XlaOps, WhereBroadcastsPromotesAndItsBackward) {
+  torch::manual_seed(6);
+  check_op("same shapes", [](const auto& x) { return torch::where(x[2] > 0, x[0], x[1]); },
+           {torch::randn({4, 5}), torch::randn({4, 5}), torch::randn({4, 5})}, [] {
+             Options o;
+             o.grad_inputs = 2;
+             return o;
+           }());
+  check_op("condition [4, 1], self [4, 3], other [3]",
+           [](const auto& x) { return torch::where(x[2].to(x[0].device()), x[0], x[1]); },
+           {torch::randn({4, 3}), torch::randn({3}), torch::tensor({true, false, true, false}).reshape({4, 1})});
+  check_op("a leaky activation: where(x > 0, x, 0.1 * x)",
+           [](const auto& x) { return torch::where(x[0] > 0, x[0], 0.1 * x[0]); }, {torch::randn({3, 7})});
+  check_op("a number as other", [](const auto& x) { return torch::where(x[0] < 0.5, x[0], -3.0); },
+           {torch::randn({2, 3, 4})});
+  check_op("edges through either side", [](const auto& x) { return torch::where(x[0] >= 0, x[0], x[1]); },
+           {edges(), edges().flip(0)});
+  Options forward;
+  forward.backward = false;
+  check_op("float self, int64 other", [](const auto& x) { return torch::where(x[0] > 0, x[0], x[1]); },
+           {torch::randn({6}), torch::arange(6, torch::kLong)}, forward);
+  check_op("int64 self and other", [](const auto& x) { return torch::where(x[0] > 2, x[0], x[1]); },
+           {torch::arange(6, torch::kLong), torch::full({6}, -1, torch::kLong)}, forward);
+  check_op("bf16", [](const auto& x) { return torch::where(x[0] > 0, x[0], x[1]); },
+           {torch::randn({3, 5}).to(torch::kBFloat16), torch::randn({3, 5}).to(torch::kBFloat16)}, bf16_options());
+}
+
+// topk along the last dim and along dim 0, largest and smallest, k of 1, some and all, on
+// float32, bfloat16 and int64; its values and its indices each compared. NaN counts as the
+// largest value (first with largest, last with smallest). Ties: only the values are compared (the
+// order of tied indices is libtorch's kernel's choice; this lowering gives the smaller index
+// first). Forward only: topk's backward scatters into zeros with aten::scatter, for which the
+// lazy core has no node.
+TEST(XlaOps, TopkLargestAndSmallestAlongEachDim) {
+  torch::manual_seed(7);
+  Options o;
+  o.backward = false;
+  const auto a = torch::randn({6, 5});
+  auto both = [&](const std::string& label, const torch::Tensor& x, int64_t k, int64_t dim, bool largest,
+                  const Options& opts) {
+    check_op(label + " values", [=](const auto& t) { return std::get<0>(t[0].topk(k, dim, largest)); }, {x}, opts);
+    check_op(label + " indices", [=](const auto& t) { return std::get<1>(t[0].topk(k, dim, largest)); }, {x}, opts);
+  };
+  for (int64_t k : {1, 3, 5}) {
+    both("largest k " + std::to_string(k) + " dim -1", a, k, -1, true, o);
+    both("smallest k " + std::to_string(k) + " dim -1", a, k, -1, false, o);
+  }
+  both("largest k 4 dim 0", a, 4, 0, true, o);
+  both("smallest k 2 dim 0 of [6, 5, 3]", torch::randn({6, 5, 3}), 2, 0, false, o);
+  both("int64", torch::randperm(10, torch::kLong).reshape({2, 5}), 2, 1, true, o);
+  both("bf16", torch::randperm(12).to(torch::kBFloat16).reshape({3, 4}), 2, 1, true, bf16_options(o));
+  const auto nan_row = torch::tensor({{1.0f, NAN, 3.0f, -INFINITY, INFINITY, 0.0f}});
+  both("NaN and inf, largest", nan_row, 3, 1, true, o);
+  both("NaN and inf, smallest", nan_row, 6, 1, false, o);
+  check_op("ties: values", [](const auto& t) { return std::get<0>(t[0].topk(3)); },
+           {torch::tensor({{2.0f, 1.0f, 2.0f, 2.0f, 0.0f}, {1.0f, 1.0f, 1.0f, 1.0f, 1.0f}})}, o);
+}
+
 // triu and tril over the last two dims, diagonals below, on and above, batched, with their
 // backwards (the same mask on the gradient).
 TEST(XlaOps, TriuTrilAndTheirBackwards) {
@@ -805,6 +867,8 @@ TEST(XlaOps, EveryRuleOfTheTableHasAPerOpTest) {
       {"aten::clamp", "XlaOps.MaximumMinimumAndClampPropagateNan"},
       {"aten::clamp_min", "XlaOps.MaximumMinimumAndClampPropagateNan"},
       {"aten::masked_fill", "XlaOps.MaskedFillAndItsBackward"},
+      {"aten::where", "XlaOps.WhereBroadcastsPromotesAndItsBackward"},
+      {"aten::topk", "XlaOps.TopkLargestAndSmallestAlongEachDim"},
       {"aten::log_sigmoid_forward", "XlaOps.BinaryCrossEntropyAndItsBackward"},
       {"aten::log_sigmoid_backward", "XlaOps.BinaryCrossEntropyAndItsBackward"},
       {"aten::norm", "XlaOps.NormOfEveryOrderAndItsBackward"},
