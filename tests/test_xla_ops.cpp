@@ -321,13 +321,14 @@ TEST(XlaOps, TriuTrilAndTheirBackwards) {
 }
 
 // Slicing (slice_copy) with steps, negative and out-of-range bounds, narrow and tensor indexing,
-// and the backward's slice_scatter. The backward also runs one aten::copy eagerly: libtorch's
-// lazy core has no node for the functional copy that slice_backward's copy_ into a zero tensor
-// becomes.
+// and the backward's slice_scatter; select with its backward's select_scatter (a negative index,
+// the first and a middle one); copy_ into a tensor (broadcast, and into
+// another dtype). slice_backward's copy_ into a zero tensor and copy_ itself become the
+// functional aten::copy, which the lazy core has no node for (it ran on the host): fulgur's Lazy
+// kernel (src/xla/lazy_views.cpp) writes it as _to_copy and expand_copy.
 TEST(XlaOps, SlicingAndItsBackward) {
   torch::manual_seed(6);
   Options o;
-  o.allowed_eager = {"aten::copy"};
   check_op("slice(1, 1, 5, 2)", [](const auto& x) { return x[0].slice(1, 1, 5, 2) * 2; }, {torch::randn({4, 6})}, o);
   check_op("slice(0, -3, 100, 3)", [](const auto& x) { return x[0].slice(0, -3, 100, 3) * 2; }, {torch::randn({8, 3})}, o);
   check_op("narrow(2, 1, 2)", [](const auto& x) { return x[0].narrow(2, 1, 2) * 2; }, {torch::randn({2, 3, 4})}, o);
@@ -335,6 +336,21 @@ TEST(XlaOps, SlicingAndItsBackward) {
            {torch::randn({4, 6})}, o);
   check_op("bf16 [:, ::2]", [](const auto& x) { return x[0].index({Slice(), Slice(None, None, 2)}) * 2; },
            {torch::randn({3, 7}).to(torch::kBFloat16)}, bf16_options(o));
+  check_op("select(1, -1)", [](const auto& x) { return x[0].select(1, -1) * 2; }, {torch::randn({4, 6, 3})}, o);
+  check_op("select(0, 0) and select(2, 1)", [](const auto& x) { return x[0].select(0, 0) * x[0].select(2, 1); },
+           {torch::randn({3, 3, 3})}, o);
+  check_op("copy_ of [5] into zeros [3, 5]", [](const auto& x) {
+    auto z = torch::zeros({3, 5}, x[0].options().requires_grad(false));
+    z.copy_(x[0]);
+    return z * 2;
+  }, {torch::randn({5})}, o);
+  Options forward = o;
+  forward.backward = false;
+  check_op("copy_ of float32 into float64", [](const auto& x) {
+    auto z = torch::zeros({2, 3}, x[0].options().dtype(torch::kDouble));
+    z.copy_(x[0]);
+    return z;
+  }, {torch::randn({2, 3})}, forward);
 }
 
 // permute (and its backward, the inverse permute), squeeze and unsqueeze.
@@ -923,6 +939,7 @@ TEST(XlaOps, EveryRuleOfTheTableHasAPerOpTest) {
       {"aten::IntImplicit", "XlaOps.SlicingAndItsBackward"},
       {"aten::slice_copy", "XlaOps.SlicingAndItsBackward"},
       {"aten::slice_scatter", "XlaOps.SlicingAndItsBackward"},
+      {"aten::select_scatter", "XlaOps.SlicingAndItsBackward"},
       {"aten::permute_copy", "XlaOps.PermuteSqueezeUnsqueezeAndTheirBackwards"},
       {"aten::squeeze_copy", "XlaOps.PermuteSqueezeUnsqueezeAndTheirBackwards"},
       {"aten::unsqueeze_copy", "XlaOps.PermuteSqueezeUnsqueezeAndTheirBackwards"},

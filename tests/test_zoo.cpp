@@ -193,6 +193,86 @@ struct RobustRegression : Recording {
   nn::Dropout drop{nullptr};
 };
 
+// A sequence regressor: an LSTM over 6 steps of 4 features (its sigmoid and tanh gates, the
+// gate projections split into slices), the last step's output sliced off and cat with the mean
+// over the steps, a hand-written gate (sigmoid of one projection times tanh of another), dropout,
+// a linear output and mse_loss; AdamW with weight decay and a step-wise ExponentialLR.
+struct SequenceRegressor : Recording {
+  explicit SequenceRegressor(double p) : Recording("SequenceRegressor") {
+    lstm = register_module("lstm", nn::LSTM(nn::LSTMOptions(4, 12).batch_first(true)));
+    gate = register_module("gate", nn::Linear(24, 12));
+    value = register_module("value", nn::Linear(24, 12));
+    drop = register_module("drop", nn::Dropout(p));
+    out = register_module("out", nn::Linear(12, 1));
+  }
+  StepOutput training_step(const Batch& b, int64_t) override {
+    const at::Tensor seq = std::get<0>(lstm->forward(b.data));  // [B, T, 12]
+    const int64_t T = seq.size(1);
+    const at::Tensor last = seq.slice(1, T - 1, T).squeeze(1);
+    const at::Tensor summary = torch::cat({last, seq.mean(1)}, 1);
+    const at::Tensor h = torch::sigmoid(gate->forward(summary)) * torch::tanh(value->forward(summary));
+    return record(torch::mse_loss(out->forward(drop->forward(h)), b.target));
+  }
+  OptimizerConfig configure_optimizers() override {
+    auto opt = std::make_shared<torch::optim::AdamW>(parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+    return OptimizerConfig({opt}, {SchedulerConfig(std::make_shared<lr_scheduler::ExponentialLR>(*opt, 0.95)).interval("step")});
+  }
+  nn::LSTM lstm{nullptr};
+  nn::Linear gate{nullptr}, value{nullptr}, out{nullptr};
+  nn::Dropout drop{nullptr};
+};
+
+// 160 sequences of 6 steps of 4 features; the target is a decaying sum of the first feature
+// over the steps (the latest weighs most).
+std::shared_ptr<TensorDataset> sequence_data() {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const at::Tensor x = at::randn({160, 6, 4}, gen);
+  const at::Tensor weights = at::pow(0.7, at::arange(5, -1, -1, torch::kFloat));
+  const at::Tensor y = (x.select(2, 0) * weights).sum(1, true);
+  return std::make_shared<TensorDataset>(x, y);
+}
+
+// A variational autoencoder of 16 values in (0, 1): an encoder to the mean and log-variance of
+// 4 latents, z = mu + sigma * eps with sigma = exp(logvar / 2) and eps = randn_like(sigma), a
+// decoder with a sigmoid output, binary_cross_entropy summed over the values plus the KL term
+// sum(sigma^2 + mu^2 - 1) / 2 - sum(log sigma), per sample. SGD with momentum, weight decay and a
+// step-wise LinearLR warm-up. With p = 0 eps is zeros (the deterministic run eager is compared
+// with); with p > 0 it is drawn.
+struct Vae : Recording {
+  explicit Vae(double p) : Recording("Vae"), sample(p > 0) {
+    enc = register_module("enc", nn::Linear(16, 24));
+    mu = register_module("mu", nn::Linear(24, 4));
+    logvar = register_module("logvar", nn::Linear(24, 4));
+    dec1 = register_module("dec1", nn::Linear(4, 24));
+    dec2 = register_module("dec2", nn::Linear(24, 16));
+  }
+  StepOutput training_step(const Batch& b, int64_t) override {
+    const at::Tensor h = torch::relu(enc->forward(b.data));
+    const at::Tensor m = mu->forward(h), sigma = torch::exp(0.5 * logvar->forward(h));
+    const at::Tensor eps = sample ? torch::randn_like(sigma) : torch::zeros_like(sigma);
+    const at::Tensor recon = torch::sigmoid(dec2->forward(torch::relu(dec1->forward(m + sigma * eps))));
+    const int64_t batch = b.data.size(0);
+    const at::Tensor reconstruction = torch::binary_cross_entropy(recon, b.data, {}, at::Reduction::Sum);
+    const at::Tensor kl = 0.5 * (sigma * sigma + m * m - 1).sum() - torch::log(sigma).sum();
+    return record((reconstruction + kl) / batch);
+  }
+  OptimizerConfig configure_optimizers() override {
+    auto opt = std::make_shared<torch::optim::SGD>(
+        parameters(), torch::optim::SGDOptions(0.02).momentum(0.9).weight_decay(1e-3));
+    return OptimizerConfig({opt}, {SchedulerConfig(std::make_shared<lr_scheduler::LinearLR>(*opt, 0.25, 1.0, 8))
+                                       .interval("step")});
+  }
+  bool sample;
+  nn::Linear enc{nullptr}, mu{nullptr}, logvar{nullptr}, dec1{nullptr}, dec2{nullptr};
+};
+
+// 160 vectors of 16 values in (0, 1) with structure to learn: sigmoids of 3 random factors.
+std::shared_ptr<TensorDataset> vae_data() {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(13);
+  const at::Tensor x = torch::sigmoid(at::randn({160, 3}, gen).matmul(at::randn({3, 16}, gen)));
+  return std::make_shared<TensorDataset>(x, x);
+}
+
 // 160 8x8 images; the class says which of the left half, the right half or neither is brighter
 // by more than 0.1.
 std::shared_ptr<TensorDataset> image_data() {
@@ -325,4 +405,14 @@ TEST(Zoo, TransformerEncoderWithMasksLayerNormGeluAndDropout) {
 TEST(Zoo, RobustRegressionWithClampWhereAndLoggedTopkMetrics) {
   check_model([](double p) { return std::make_shared<RobustRegression>(p); }, fulgur::testing::regression_data(160), 1.0, 0.2,
               {"argmax_hit", "top3_positive", "sign_agreement"});
+}
+
+TEST(Zoo, LstmSequenceRegressorWithSlicingCatAndGates) {
+  check_model([](double p) { return std::make_shared<SequenceRegressor>(p); }, sequence_data(), 1.0, 0.3);
+}
+
+// p here switches the reparameterization noise on (randn_like on the device) for the second xla
+// run; the compared run has eps = 0.
+TEST(Zoo, VaeWithSigmoidBinaryCrossEntropyAndReparameterization) {
+  check_model([](double p) { return std::make_shared<Vae>(p); }, vae_data(), 5.0, 1.0);
 }

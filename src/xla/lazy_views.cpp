@@ -18,6 +18,11 @@
 // backward, composed here from ops it has nodes for and the StableHLO emitter lowers (clamp,
 // max along a dim, arithmetic and sums), so that a regression loss or an accuracy metric stays
 // in the step's XLA program.
+// And copy, the functional form of copy_ that functionalization writes where a tensor is
+// copied into (slice's and select's backwards copy the gradient into a zero tensor): the lazy
+// core has no node for it and ran it on the host once per backward. Here it is src converted to
+// self's dtype and device and expanded to self's shape (_to_copy and expand_copy, which the
+// emitter lowers).
 // And where (torch.where, also what clamp's and smooth_l1_loss's backwards call), which the lazy
 // core has no node for either and ran on the host: here it is an aten::where node of fulgur's
 // (WhereNode), with its operands promoted to the result type and its shape broadcast, which the
@@ -111,6 +116,12 @@ at::Tensor mse_loss_backward(const at::Tensor& grad_output, const at::Tensor& se
   return (self - target) * grad_output * scale;
 }
 
+// copy(self, src): a new tensor of self's shape, dtype and device holding src broadcast.
+at::Tensor copy(const at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  at::Tensor s = src.to(self.device(), self.scalar_type(), non_blocking);
+  return at::expand_copy(s, self.sizes());
+}
+
 namespace lazy = torch::lazy;
 
 // aten::where(condition, self, other) of operands already of the result's dtype (the condition
@@ -168,6 +179,7 @@ void install_lazy_view_kernels() {
     lib.impl("mse_loss", TORCH_FN(mse_loss));
     lib.impl("mse_loss_backward", TORCH_FN(mse_loss_backward));
     lib.impl("where.self", TORCH_FN(where));
+    lib.impl("copy", TORCH_FN(copy));
   });
 }
 
