@@ -303,6 +303,33 @@ TEST(XlaOps, TopkLargestAndSmallestAlongEachDim) {
            {torch::tensor({{2.0f, 1.0f, 2.0f, 2.0f, 0.0f}, {1.0f, 1.0f, 1.0f, 1.0f, 1.0f}})}, o);
 }
 
+// upsample_nearest2d by whole factors, as nn::Upsample and F::interpolate call it: 2 x 2 by
+// scale factors, 2 x 3 and 1 x 2 by output sizes, 4 x 4 by scale factors (libtorch's float
+// source-index formula, which the rule checks gives a whole-factor repeat), bfloat16, and ±inf
+// and NaN copied through; with its backward (each input's copies summed).
+TEST(XlaOps, UpsampleNearestAndItsBackward) {
+  torch::manual_seed(8);
+  namespace F = torch::nn::functional;
+  auto by_scale = [](double f) {
+    return [f](const auto& x) {
+      return F::interpolate(x[0], F::InterpolateFuncOptions().scale_factor(std::vector<double>{f, f}).mode(torch::kNearest));
+    };
+  };
+  auto by_size = [](int64_t h, int64_t w) {
+    return [h, w](const auto& x) {
+      return F::interpolate(x[0], F::InterpolateFuncOptions().size(std::vector<int64_t>{h, w}).mode(torch::kNearest));
+    };
+  };
+  check_op("scale 2", by_scale(2), {torch::randn({2, 3, 4, 5})});
+  check_op("size 8 x 15 of 4 x 5", by_size(8, 15), {torch::randn({1, 2, 4, 5})});
+  check_op("size 3 x 8 of 3 x 4", by_size(3, 8), {torch::randn({2, 1, 3, 4})});
+  check_op("scale 4", by_scale(4), {torch::randn({1, 2, 3, 3})});
+  check_op("bf16 scale 2", by_scale(2), {torch::randn({1, 2, 3, 4}).to(torch::kBFloat16)}, bf16_options());
+  Options forward;
+  forward.backward = false;
+  check_op("edges", by_scale(2), {edges().reshape({1, 1, 3, 4})}, forward);
+}
+
 // triu and tril over the last two dims, diagonals below, on and above, batched, with their
 // backwards (the same mask on the gradient).
 TEST(XlaOps, TriuTrilAndTheirBackwards) {
@@ -956,6 +983,8 @@ TEST(XlaOps, EveryRuleOfTheTableHasAPerOpTest) {
       {"aten::avg_pool2d_backward", "XlaOps.AveragePoolsAndTheirBackwards"},
       {"aten::_adaptive_avg_pool2d", "XlaOps.AveragePoolsAndTheirBackwards"},
       {"aten::_adaptive_avg_pool2d_backward", "XlaOps.AveragePoolsAndTheirBackwards"},
+      {"aten::upsample_nearest2d", "XlaOps.UpsampleNearestAndItsBackward"},
+      {"aten::upsample_nearest2d_backward", "XlaOps.UpsampleNearestAndItsBackward"},
       {"aten::native_dropout_backward", "XlaOps.DropoutKeepsOneMinusPScalesAndItsBackwardUsesTheSameMask"},
       {"fulgur::rng_uniform", "XlaOps.DeviceGeneratorDrawsTheHostThreefryBits"},
       {"fulgur::rng_normal", "XlaOps.DeviceGeneratorDrawsTheHostThreefryBits"},

@@ -273,6 +273,47 @@ std::shared_ptr<TensorDataset> vae_data() {
   return std::make_shared<TensorDataset>(x, x);
 }
 
+// A small U-Net denoiser of 8x8 images: a conv block, max pooling to 4x4, a conv block with
+// Dropout2d, nearest-neighbour upsampling back to 8x8 and a conv, the cat of that with the first
+// block's output (the skip connection), a conv block and a 1x1 conv to one channel; mse_loss
+// against the clean image. SGD with momentum, weight decay and a step-wise CosineAnnealingLR.
+struct TinyUNet : Recording {
+  explicit TinyUNet(double p) : Recording("TinyUNet") {
+    enc1 = register_module("enc1", nn::Conv2d(nn::Conv2dOptions(1, 4, 3).padding(1)));
+    enc2 = register_module("enc2", nn::Conv2d(nn::Conv2dOptions(4, 8, 3).padding(1)));
+    drop = register_module("drop", nn::Dropout2d(p));
+    up = register_module("up", nn::Upsample(nn::UpsampleOptions().scale_factor(std::vector<double>{2, 2}).mode(torch::kNearest)));
+    up_conv = register_module("up_conv", nn::Conv2d(nn::Conv2dOptions(8, 4, 3).padding(1)));
+    dec = register_module("dec", nn::Conv2d(nn::Conv2dOptions(8, 4, 3).padding(1)));
+    out = register_module("out", nn::Conv2d(nn::Conv2dOptions(4, 1, 1)));
+  }
+  StepOutput training_step(const Batch& b, int64_t) override {
+    const at::Tensor e1 = torch::relu(enc1->forward(b.data));                              // [B, 4, 8, 8]
+    const at::Tensor e2 = drop->forward(torch::relu(enc2->forward(torch::max_pool2d(e1, 2))));  // [B, 8, 4, 4]
+    const at::Tensor u = torch::relu(up_conv->forward(up->forward(e2)));                  // [B, 4, 8, 8]
+    const at::Tensor d = torch::relu(dec->forward(torch::cat({u, e1}, 1)));
+    return record(torch::mse_loss(out->forward(d), b.target));
+  }
+  OptimizerConfig configure_optimizers() override {
+    auto opt = std::make_shared<torch::optim::SGD>(
+        parameters(), torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
+    return OptimizerConfig({opt}, {SchedulerConfig(std::make_shared<lr_scheduler::CosineAnnealingLR>(*opt, 20, 0.005))
+                                       .interval("step")});
+  }
+  nn::Conv2d enc1{nullptr}, enc2{nullptr}, up_conv{nullptr}, dec{nullptr}, out{nullptr};
+  nn::Dropout2d drop{nullptr};
+  nn::Upsample up{nullptr};
+};
+
+// 160 noisy 8x8 images and their clean versions: smooth patterns (outer products of random
+// vectors) plus Gaussian noise of standard deviation 0.3.
+std::shared_ptr<TensorDataset> denoising_data() {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  const at::Tensor clean = (at::randn({160, 1, 8, 1}, gen) * at::randn({160, 1, 1, 8}, gen)).tanh();
+  const at::Tensor noisy = clean + 0.3 * at::randn({160, 1, 8, 8}, gen);
+  return std::make_shared<TensorDataset>(noisy, clean);
+}
+
 // 160 8x8 images; the class says which of the left half, the right half or neither is brighter
 // by more than 0.1.
 std::shared_ptr<TensorDataset> image_data() {
@@ -415,4 +456,8 @@ TEST(Zoo, LstmSequenceRegressorWithSlicingCatAndGates) {
 // run; the compared run has eps = 0.
 TEST(Zoo, VaeWithSigmoidBinaryCrossEntropyAndReparameterization) {
   check_model([](double p) { return std::make_shared<Vae>(p); }, vae_data(), 5.0, 1.0);
+}
+
+TEST(Zoo, UNetWithUpsamplingSkipConnectionsAndMseLoss) {
+  check_model([](double p) { return std::make_shared<TinyUNet>(p); }, denoising_data(), 1.0, 0.2);
 }
