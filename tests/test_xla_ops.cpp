@@ -202,10 +202,11 @@ TEST(XlaOps, ComparisonsBroadcastPromoteAndTreatNanAsIeee) {
 }
 
 // maximum, minimum (NaN wins, as in torch.maximum) and clamp: both bounds, one bound (clamp_min;
-// clamp(max=) is aten::clamp), min > max, NaN and ±inf. Forward only: their backwards need
-// aten::where.self, for which libtorch's lazy core has no node, and clamp's needs
-// aten::logical_and, which it cannot run on lazy tensors at all. Tensor bounds (clamp.Tensor)
-// have no lazy node either.
+// clamp(max=) is aten::clamp), min > max, NaN and ±inf. Forward only here: the backwards of
+// maximum, minimum, clamp_min and clamp(max=) call where and are tested with it
+// (XlaOps.WhereBroadcastsPromotesAndItsBackward); clamp's with both bounds needs
+// aten::logical_and, which libtorch cannot run on lazy tensors at all. Tensor bounds
+// (clamp.Tensor) have no lazy node.
 TEST(XlaOps, MaximumMinimumAndClampPropagateNan) {
   torch::manual_seed(3);
   Options o;
@@ -244,7 +245,8 @@ TEST(XlaOps, MaskedFillAndItsBackward) {
 // where: same shapes, a condition and operands broadcast against each other, a number as the
 // other operand (where.ScalarOther wraps it), self and other of different dtypes (promoted),
 // ±inf and NaN passed through untouched, bfloat16; with its backward (where with zeros, on each
-// operand's gradient, summed over the broadcast dims).
+// operand's gradient, summed over the broadcast dims); the backwards of maximum, minimum,
+// clamp_min and clamp(max=), which call where; and where in a graph kept on TorchScript.
 TEST(XlaOps, WhereBroadcastsPromotesAndItsBackward) {
   torch::manual_seed(6);
   check_op("same shapes", [](const auto& x) { return torch::where(x[2] > 0, x[0], x[1]); },
@@ -270,6 +272,21 @@ TEST(XlaOps, WhereBroadcastsPromotesAndItsBackward) {
            {torch::arange(6, torch::kLong), torch::full({6}, -1, torch::kLong)}, forward);
   check_op("bf16", [](const auto& x) { return torch::where(x[0] > 0, x[0], x[1]); },
            {torch::randn({3, 5}).to(torch::kBFloat16), torch::randn({3, 5}).to(torch::kBFloat16)}, bf16_options());
+  // Backwards that call where (random values: no ties between the operands or with the bounds).
+  check_op("maximum", [](const auto& x) { return torch::maximum(x[0], x[1]); }, {torch::randn({4, 3}), torch::randn({3})});
+  check_op("minimum", [](const auto& x) { return torch::minimum(x[0], x[1]); }, {torch::randn({4, 3}), torch::randn({4, 3})});
+  check_op("clamp_min", [](const auto& x) { return x[0].clamp_min(0.2); }, {torch::randn({5, 4})});
+  check_op("clamp(max=)", [](const auto& x) { return x[0].clamp_max(-0.1); }, {torch::randn({5, 4})});
+  // A graph with where and an op the emitter does not lower (cos) stays on TorchScript, which
+  // runs fulgur's where node as aten::where.
+  const auto a = torch::randn({6, 4}), b = torch::randn({4});
+  const xla::BackendMetrics before = xla::metrics();
+  const torch::Tensor on_ts = torch::where(a.to(xla::backend().device()) > 0, a.to(xla::backend().device()).cos(),
+                                           b.to(xla::backend().device()));
+  xla::mark_step();
+  EXPECT_GT(xla::metrics().xla_fallbacks.count("aten::cos"), 0u) << "the graph should have stayed on TorchScript";
+  EXPECT_GT(xla::metrics().ts_fallback_executions, before.ts_fallback_executions);
+  expect_close(on_ts.cpu(), torch::where(a > 0, a.cos(), b), {}, "where on TorchScript");
 }
 
 // topk along the last dim and along dim 0, largest and smallest, k of 1, some and all, on
@@ -543,7 +560,8 @@ TEST(XlaOps, MseLossArgmaxAndClampMaxStayOnXla) {
   check_op("accuracy as a metric computes it", [](const auto& t) {
     return t[0].argmax(1).eq(t[1]).to(torch::kFloat32).mean();
   }, {a, torch::tensor({0, 1, 2, 0, 1, 2, 0, 1})}, forward);
-  // Forward only: clamp's backward takes where, which the lazy core runs on the host.
+  // Forward only here: its backward calls where and is tested with it
+  // (XlaOps.WhereBroadcastsPromotesAndItsBackward).
   check_op("clamp_max", [](const auto& x) { return x[0].clamp_max(0.5); }, {torch::tensor({-1.0f, 0.5f, 2.0f, NAN, INFINITY})},
            forward);
 }
