@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // The model zoo: small models that combine what real ones do, trained 20 steps on xla with the
-// Trainer. Each must stay on XLA (no graph kept on TorchScript, no op run on the host) and end
-// where eager training ends. Dropout draws from the device generator on xla and from the CPU
-// generator on eager, so the comparison runs with p = 0 (torch's dropout is then the identity
-// and draws nothing); the same model with p > 0 is checked to stay on XLA and train.
+// Trainer. Each must stay on XLA (no graph kept on TorchScript, no op run on the host; reading
+// logged metrics back once at the end is allowed), end where eager training ends, and compile no
+// new graph after its first steps (a changing learning rate, a new batch must not recompile).
+// Dropout draws from the device generator on xla and from the CPU generator on eager, so the
+// comparison runs with p = 0 (torch's dropout is then the identity and draws nothing); the same
+// model with p > 0 is checked to stay on XLA and train. The VAE's p switches its
+// reparameterization noise (randn_like) the same way.
 //
 // Tolerances: every loss and final parameter within 1e-4 relative + 1e-5 absolute of eager's
-// (float32: sums in another order, XLA's transcendental functions, compounded over 20 steps).
+// (float32: sums in another order, XLA's transcendental functions, compounded over 20 steps);
+// logged metrics within 1e-5.
 //
 // Each test runs in its own process (CTest), so the backend's counters start at zero.
 
