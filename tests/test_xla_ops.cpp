@@ -204,9 +204,8 @@ TEST(XlaOps, ComparisonsBroadcastPromoteAndTreatNanAsIeee) {
 // maximum, minimum (NaN wins, as in torch.maximum) and clamp: both bounds, one bound (clamp_min;
 // clamp(max=) is aten::clamp), min > max, NaN and ±inf. Forward only here: the backwards of
 // maximum, minimum, clamp_min and clamp(max=) call where and are tested with it
-// (XlaOps.WhereBroadcastsPromotesAndItsBackward); clamp's with both bounds needs
-// aten::logical_and, which libtorch cannot run on lazy tensors at all. Tensor bounds
-// (clamp.Tensor) have no lazy node.
+// (XlaOps.WhereBroadcastsPromotesAndItsBackward), clamp's with both bounds calls logical_and_
+// too (XlaOps.BitwiseAndLogicalAndOr). Tensor bounds (clamp.Tensor) have no lazy node.
 TEST(XlaOps, MaximumMinimumAndClampPropagateNan) {
   torch::manual_seed(3);
   Options o;
@@ -287,6 +286,36 @@ TEST(XlaOps, WhereBroadcastsPromotesAndItsBackward) {
   EXPECT_GT(xla::metrics().xla_fallbacks.count("aten::cos"), 0u) << "the graph should have stayed on TorchScript";
   EXPECT_GT(xla::metrics().ts_fallback_executions, before.ts_fallback_executions);
   expect_close(on_ts.cpu(), torch::where(a > 0, a.cos(), b), {}, "where on TorchScript");
+}
+
+// bitwise_and and bitwise_or of bools and of int64 (broadcast), and logical_and / logical_or
+// (fulgur's Lazy kernels: bitwise ops of x != 0) of floats, of bools and mixed, as a padding
+// mask and a causal one combine; clamp with both bounds, whose backward calls logical_and_.
+TEST(XlaOps, BitwiseAndLogicalAndOr) {
+  torch::manual_seed(9);
+  Options forward;
+  forward.backward = false;
+  const auto p = torch::randn({4, 5}) > 0, q = torch::randn({5}) > 0;
+  check_op("bitwise_and bool", [](const auto& x) { return torch::bitwise_and(x[0], x[1]); }, {p, q}, forward);
+  check_op("bitwise_or bool", [](const auto& x) { return torch::bitwise_or(x[0], x[1]); }, {p, q}, forward);
+  const auto i = torch::randint(-8, 8, {3, 4}, torch::kLong), j = torch::randint(-8, 8, {4}, torch::kLong);
+  check_op("bitwise_and int64", [](const auto& x) { return torch::bitwise_and(x[0], x[1]); }, {i, j}, forward);
+  check_op("bitwise_or int64", [](const auto& x) { return torch::bitwise_or(x[0], x[1]); }, {i, j}, forward);
+  const auto f = torch::tensor({0.0f, -0.0f, 1.0f, NAN, -2.0f, 0.0f}), g = torch::tensor({1.0f, 1.0f, 0.0f, 1.0f, 3.0f, 0.0f});
+  check_op("logical_and floats", [](const auto& x) { return torch::logical_and(x[0], x[1]); }, {f, g}, forward);
+  check_op("logical_or floats", [](const auto& x) { return torch::logical_or(x[0], x[1]); }, {f, g}, forward);
+  check_op("logical_and float and bool", [](const auto& x) { return torch::logical_and(x[0], x[1]); },
+           {f, torch::tensor({true, true, true, true, false, true})}, forward);
+  check_op("a causal mask or a padding mask", [](const auto& x) {
+    const auto causal = torch::ones({5, 5}, x[0].options().dtype(torch::kBool)).triu(1);
+    return torch::logical_or(causal, x[0].view({2, 1, 5}));
+  }, {torch::tensor({{false, false, false, true, true}, {false, false, false, false, true}})}, forward);
+  check_op("in place: logical_and_", [](const auto& x) {
+    auto m = x[0] > 0;
+    m.logical_and_(x[0] < 1);
+    return m;
+  }, {torch::randn({3, 4})}, forward);
+  check_op("clamp(-0.5, 0.5) and its backward", [](const auto& x) { return x[0].clamp(-0.5, 0.5); }, {torch::randn({5, 4})});
 }
 
 // topk along the last dim and along dim 0, largest and smallest, k of 1, some and all, on
@@ -938,6 +967,8 @@ TEST(XlaOps, EveryRuleOfTheTableHasAPerOpTest) {
       {"aten::mul", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},
       {"aten::div", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},
       {"aten::pow", "StableHlo.PowOfNegativeBasesAndTensorExponents"},
+      {"aten::bitwise_and", "XlaOps.BitwiseAndLogicalAndOr"},
+      {"aten::bitwise_or", "XlaOps.BitwiseAndLogicalAndOr"},
       {"aten::sqrt", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},
       {"aten::relu", "StableHlo.ReductionsComparisonsReluAndThresholdBackward"},
       {"aten::addcmul", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},

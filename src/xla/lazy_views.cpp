@@ -23,6 +23,11 @@
 // core has no node for it and ran it on the host once per backward. Here it is src converted to
 // self's dtype and device and expanded to self's shape (_to_copy and expand_copy, which the
 // emitter lowers).
+// And logical_and / logical_or: the lazy core has no node for them, and the in-place forms
+// (clamp's backward calls logical_and_) failed outright, because functionalization first runs
+// an in-place op on meta tensors and libtorch has no Meta kernel for logical_and.out or
+// logical_or.out. Here the Meta kernels give the out tensor the broadcast shape, and the Lazy
+// kernels are bitwise_and / bitwise_or of (x != 0), lowered ops.
 // And where (torch.where, also what clamp's and smooth_l1_loss's backwards call), which the lazy
 // core has no node for either and ran on the host: here it is an aten::where node of fulgur's
 // (WhereNode), with its operands promoted to the result type and its shape broadcast, which the
@@ -122,6 +127,20 @@ at::Tensor copy(const at::Tensor& self, const at::Tensor& src, bool non_blocking
   return at::expand_copy(s, self.sizes());
 }
 
+// The Meta kernels of logical_and.out and logical_or.out: the out tensor resized to the
+// broadcast shape (its dtype is the caller's).
+at::Tensor& logical_out_meta(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  out.resize_(at::infer_size(self.sizes(), other.sizes()));
+  return out;
+}
+
+at::Tensor logical_and(const at::Tensor& self, const at::Tensor& other) {
+  return at::bitwise_and(at::ne(self, 0), at::ne(other, 0));
+}
+at::Tensor logical_or(const at::Tensor& self, const at::Tensor& other) {
+  return at::bitwise_or(at::ne(self, 0), at::ne(other, 0));
+}
+
 namespace lazy = torch::lazy;
 
 // aten::where(condition, self, other) of operands already of the result's dtype (the condition
@@ -180,6 +199,11 @@ void install_lazy_view_kernels() {
     lib.impl("mse_loss_backward", TORCH_FN(mse_loss_backward));
     lib.impl("where.self", TORCH_FN(where));
     lib.impl("copy", TORCH_FN(copy));
+    lib.impl("logical_and", TORCH_FN(logical_and));
+    lib.impl("logical_or", TORCH_FN(logical_or));
+    static torch::Library meta(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
+    meta.impl("logical_and.out", TORCH_FN(logical_out_meta));
+    meta.impl("logical_or.out", TORCH_FN(logical_out_meta));
   });
 }
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Elementwise rules: arithmetic (add, sub, mul, div, pow, addcmul, addcdiv), unary math and
+// Elementwise rules: arithmetic (add, sub, mul, div, pow, addcmul, addcdiv), bitwise and/or,
+// unary math and
 // activations (gelu, relu, ...) with their backwards, comparisons, maximum/minimum, clamp,
 // masked_fill and where, and the scalar arguments the lazy lowering passes as 0-d tensors. Each follows
 // libtorch's CPU kernel: the result has the output's dtype and every operand is converted to it;
@@ -86,6 +87,13 @@ void add(LoweringContext& cx, const Node* n) { add_or_sub(cx, n, "stablehlo.add"
 void sub(LoweringContext& cx, const Node* n) { add_or_sub(cx, n, "stablehlo.subtract"); }
 void mul(LoweringContext& cx, const Node* n) { binary_op(cx, n, "stablehlo.multiply"); }
 void pow(LoweringContext& cx, const Node* n) { binary_op(cx, n, "stablehlo.power"); }
+// bitwise and / or of bools or integers (what fulgur's logical_and and logical_or are made of).
+void bitwise(LoweringContext& cx, const Node* n, const char* name) {
+  if (is_floating(cx.out_dtype(n))) throw Unsupported{"a floating dtype"};
+  binary_op(cx, n, name);
+}
+void bitwise_and(LoweringContext& cx, const Node* n) { bitwise(cx, n, "stablehlo.and"); }
+void bitwise_or(LoweringContext& cx, const Node* n) { bitwise(cx, n, "stablehlo.or"); }
 void addcmul(LoweringContext& cx, const Node* n) { addcop(cx, n, "stablehlo.multiply"); }
 void addcdiv(LoweringContext& cx, const Node* n) { addcop(cx, n, "stablehlo.divide"); }
 
@@ -258,6 +266,8 @@ void add_elementwise_rules(RuleTable& table) {
   table.add("aten::mul", mul);
   table.add("aten::div", div);
   table.add("aten::pow", pow);
+  table.add("aten::bitwise_and", bitwise_and);
+  table.add("aten::bitwise_or", bitwise_or);
   table.add("aten::sqrt", sqrt);
   table.add("aten::relu", relu);
   table.add("aten::addcmul", addcmul);
