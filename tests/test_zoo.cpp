@@ -102,8 +102,8 @@ struct ResidualCnn : Recording {
 };
 
 // A pre-norm Transformer encoder classifier: token and learned positional embeddings, one block
-// of two-head self-attention written with matmuls (a causal mask from triu and the padding
-// tokens' mask, both applied with masked_fill), LayerNorm, a GELU feed-forward, dropout on the
+// of two-head self-attention written with matmuls (a causal mask from triu or'd with the padding
+// tokens' mask, applied with masked_fill), LayerNorm, a GELU feed-forward, dropout on the
 // attention weights and both residual branches, mean pooling and a linear head; AdamW with
 // weight decay and a step-wise CosineAnnealingLR. Masked scores are -1e9, not -inf: a padded
 // query row whose keys are all masked then averages instead of giving NaN. The q, k, v
@@ -136,7 +136,7 @@ struct TinyTransformer : Recording {
     at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dh));
     const at::Tensor causal = torch::ones({T, T}, ids.options().dtype(torch::kBool)).triu(1);
     const at::Tensor padding = ids.eq(0).view({B, 1, 1, T});
-    scores = scores.masked_fill(causal, -1e9).masked_fill(padding, -1e9);
+    scores = scores.masked_fill(torch::logical_or(causal, padding), -1e9);
     const at::Tensor attention = drop->forward(torch::softmax(scores, -1));
     const at::Tensor context = torch::matmul(attention, v).transpose(1, 2).reshape({B, T, kDim});
     x = x + drop->forward(proj->forward(context));
