@@ -202,10 +202,10 @@ TEST(XlaOps, ComparisonsBroadcastPromoteAndTreatNanAsIeee) {
 }
 
 // maximum, minimum (NaN wins, as in torch.maximum) and clamp: both bounds, one bound (clamp_min;
-// clamp(max=) is aten::clamp), min > max, NaN and ±inf. Forward only: their backwards need
-// aten::where.self, for which libtorch's lazy core has no node, and clamp's needs
-// aten::logical_and, which it cannot run on lazy tensors at all. Tensor bounds (clamp.Tensor)
-// have no lazy node either.
+// clamp(max=) is aten::clamp), min > max, NaN and ±inf. Forward only here: the backwards of
+// maximum, minimum, clamp_min and clamp(max=) call where and are tested with it
+// (XlaOps.WhereBroadcastsPromotesAndItsBackward), clamp's with both bounds calls logical_and_
+// too (XlaOps.BitwiseAndLogicalAndOr). Tensor bounds (clamp.Tensor) have no lazy node.
 TEST(XlaOps, MaximumMinimumAndClampPropagateNan) {
   torch::manual_seed(3);
   Options o;
@@ -241,6 +241,141 @@ TEST(XlaOps, MaskedFillAndItsBackward) {
            {torch::randn({3, 5}).to(torch::kBFloat16), torch::randn({3, 5}) > 0}, bf16_options());
 }
 
+// where: same shapes, a condition and operands broadcast against each other, a number as the
+// other operand (where.ScalarOther wraps it), self and other of different dtypes (promoted),
+// ±inf and NaN passed through untouched, bfloat16; with its backward (where with zeros, on each
+// operand's gradient, summed over the broadcast dims); the backwards of maximum, minimum,
+// clamp_min and clamp(max=), which call where; and where in a graph kept on TorchScript.
+TEST(XlaOps, WhereBroadcastsPromotesAndItsBackward) {
+  torch::manual_seed(6);
+  check_op("same shapes", [](const auto& x) { return torch::where(x[2] > 0, x[0], x[1]); },
+           {torch::randn({4, 5}), torch::randn({4, 5}), torch::randn({4, 5})}, [] {
+             Options o;
+             o.grad_inputs = 2;
+             return o;
+           }());
+  check_op("condition [4, 1], self [4, 3], other [3]",
+           [](const auto& x) { return torch::where(x[2].to(x[0].device()), x[0], x[1]); },
+           {torch::randn({4, 3}), torch::randn({3}), torch::tensor({true, false, true, false}).reshape({4, 1})});
+  check_op("a leaky activation: where(x > 0, x, 0.1 * x)",
+           [](const auto& x) { return torch::where(x[0] > 0, x[0], 0.1 * x[0]); }, {torch::randn({3, 7})});
+  check_op("a number as other", [](const auto& x) { return torch::where(x[0] < 0.5, x[0], -3.0); },
+           {torch::randn({2, 3, 4})});
+  check_op("edges through either side", [](const auto& x) { return torch::where(x[0] >= 0, x[0], x[1]); },
+           {edges(), edges().flip(0)});
+  Options forward;
+  forward.backward = false;
+  check_op("float self, int64 other", [](const auto& x) { return torch::where(x[0] > 0, x[0], x[1]); },
+           {torch::randn({6}), torch::arange(6, torch::kLong)}, forward);
+  check_op("int64 self and other", [](const auto& x) { return torch::where(x[0] > 2, x[0], x[1]); },
+           {torch::arange(6, torch::kLong), torch::full({6}, -1, torch::kLong)}, forward);
+  check_op("bf16", [](const auto& x) { return torch::where(x[0] > 0, x[0], x[1]); },
+           {torch::randn({3, 5}).to(torch::kBFloat16), torch::randn({3, 5}).to(torch::kBFloat16)}, bf16_options());
+  // Backwards that call where (random values: no ties between the operands or with the bounds).
+  check_op("maximum", [](const auto& x) { return torch::maximum(x[0], x[1]); }, {torch::randn({4, 3}), torch::randn({3})});
+  check_op("minimum", [](const auto& x) { return torch::minimum(x[0], x[1]); }, {torch::randn({4, 3}), torch::randn({4, 3})});
+  check_op("clamp_min", [](const auto& x) { return x[0].clamp_min(0.2); }, {torch::randn({5, 4})});
+  check_op("clamp(max=)", [](const auto& x) { return x[0].clamp_max(-0.1); }, {torch::randn({5, 4})});
+  // A graph with where and an op the emitter does not lower (cos) stays on TorchScript, which
+  // runs fulgur's where node as aten::where.
+  const auto a = torch::randn({6, 4}), b = torch::randn({4});
+  const xla::BackendMetrics before = xla::metrics();
+  const torch::Tensor on_ts = torch::where(a.to(xla::backend().device()) > 0, a.to(xla::backend().device()).cos(),
+                                           b.to(xla::backend().device()));
+  xla::mark_step();
+  EXPECT_GT(xla::metrics().xla_fallbacks.count("aten::cos"), 0u) << "the graph should have stayed on TorchScript";
+  EXPECT_GT(xla::metrics().ts_fallback_executions, before.ts_fallback_executions);
+  expect_close(on_ts.cpu(), torch::where(a > 0, a.cos(), b), {}, "where on TorchScript");
+}
+
+// bitwise_and and bitwise_or of bools and of int64 (broadcast), and logical_and / logical_or
+// (fulgur's Lazy kernels: bitwise ops of x != 0) of floats, of bools and mixed, as a padding
+// mask and a causal one combine; clamp with both bounds, whose backward calls logical_and_.
+TEST(XlaOps, BitwiseAndLogicalAndOr) {
+  torch::manual_seed(9);
+  Options forward;
+  forward.backward = false;
+  const auto p = torch::randn({4, 5}) > 0, q = torch::randn({5}) > 0;
+  check_op("bitwise_and bool", [](const auto& x) { return torch::bitwise_and(x[0], x[1]); }, {p, q}, forward);
+  check_op("bitwise_or bool", [](const auto& x) { return torch::bitwise_or(x[0], x[1]); }, {p, q}, forward);
+  const auto i = torch::randint(-8, 8, {3, 4}, torch::kLong), j = torch::randint(-8, 8, {4}, torch::kLong);
+  check_op("bitwise_and int64", [](const auto& x) { return torch::bitwise_and(x[0], x[1]); }, {i, j}, forward);
+  check_op("bitwise_or int64", [](const auto& x) { return torch::bitwise_or(x[0], x[1]); }, {i, j}, forward);
+  const auto f = torch::tensor({0.0f, -0.0f, 1.0f, NAN, -2.0f, 0.0f}), g = torch::tensor({1.0f, 1.0f, 0.0f, 1.0f, 3.0f, 0.0f});
+  check_op("logical_and floats", [](const auto& x) { return torch::logical_and(x[0], x[1]); }, {f, g}, forward);
+  check_op("logical_or floats", [](const auto& x) { return torch::logical_or(x[0], x[1]); }, {f, g}, forward);
+  check_op("logical_and float and bool", [](const auto& x) { return torch::logical_and(x[0], x[1]); },
+           {f, torch::tensor({true, true, true, true, false, true})}, forward);
+  check_op("a causal mask or a padding mask", [](const auto& x) {
+    const auto causal = torch::ones({5, 5}, x[0].options().dtype(torch::kBool)).triu(1);
+    return torch::logical_or(causal, x[0].view({2, 1, 5}));
+  }, {torch::tensor({{false, false, false, true, true}, {false, false, false, false, true}})}, forward);
+  check_op("in place: logical_and_", [](const auto& x) {
+    auto m = x[0] > 0;
+    m.logical_and_(x[0] < 1);
+    return m;
+  }, {torch::randn({3, 4})}, forward);
+  check_op("clamp(-0.5, 0.5) and its backward", [](const auto& x) { return x[0].clamp(-0.5, 0.5); }, {torch::randn({5, 4})});
+}
+
+// topk along the last dim and along dim 0, largest and smallest, k of 1, some and all, on
+// float32, bfloat16 and int64; its values and its indices each compared. NaN counts as the
+// largest value (first with largest, last with smallest). Ties: only the values are compared (the
+// order of tied indices is libtorch's kernel's choice; this lowering gives the smaller index
+// first). Forward only: topk's backward scatters into zeros with aten::scatter, for which the
+// lazy core has no node.
+TEST(XlaOps, TopkLargestAndSmallestAlongEachDim) {
+  torch::manual_seed(7);
+  Options o;
+  o.backward = false;
+  const auto a = torch::randn({6, 5});
+  auto both = [&](const std::string& label, const torch::Tensor& x, int64_t k, int64_t dim, bool largest,
+                  const Options& opts) {
+    check_op(label + " values", [=](const auto& t) { return std::get<0>(t[0].topk(k, dim, largest)); }, {x}, opts);
+    check_op(label + " indices", [=](const auto& t) { return std::get<1>(t[0].topk(k, dim, largest)); }, {x}, opts);
+  };
+  for (int64_t k : {1, 3, 5}) {
+    both("largest k " + std::to_string(k) + " dim -1", a, k, -1, true, o);
+    both("smallest k " + std::to_string(k) + " dim -1", a, k, -1, false, o);
+  }
+  both("largest k 4 dim 0", a, 4, 0, true, o);
+  both("smallest k 2 dim 0 of [6, 5, 3]", torch::randn({6, 5, 3}), 2, 0, false, o);
+  both("int64", torch::randperm(10, torch::kLong).reshape({2, 5}), 2, 1, true, o);
+  both("bf16", torch::randperm(12).to(torch::kBFloat16).reshape({3, 4}), 2, 1, true, bf16_options(o));
+  const auto nan_row = torch::tensor({{1.0f, NAN, 3.0f, -INFINITY, INFINITY, 0.0f}});
+  both("NaN and inf, largest", nan_row, 3, 1, true, o);
+  both("NaN and inf, smallest", nan_row, 6, 1, false, o);
+  check_op("ties: values", [](const auto& t) { return std::get<0>(t[0].topk(3)); },
+           {torch::tensor({{2.0f, 1.0f, 2.0f, 2.0f, 0.0f}, {1.0f, 1.0f, 1.0f, 1.0f, 1.0f}})}, o);
+}
+
+// upsample_nearest2d by whole factors, as nn::Upsample and F::interpolate call it: 2 x 2 by
+// scale factors, 2 x 3 and 1 x 2 by output sizes, 4 x 4 by scale factors (libtorch's float
+// source-index formula, which the rule checks gives a whole-factor repeat), bfloat16, and ±inf
+// and NaN copied through; with its backward (each input's copies summed).
+TEST(XlaOps, UpsampleNearestAndItsBackward) {
+  torch::manual_seed(8);
+  namespace F = torch::nn::functional;
+  auto by_scale = [](double f) {
+    return [f](const auto& x) {
+      return F::interpolate(x[0], F::InterpolateFuncOptions().scale_factor(std::vector<double>{f, f}).mode(torch::kNearest));
+    };
+  };
+  auto by_size = [](int64_t h, int64_t w) {
+    return [h, w](const auto& x) {
+      return F::interpolate(x[0], F::InterpolateFuncOptions().size(std::vector<int64_t>{h, w}).mode(torch::kNearest));
+    };
+  };
+  check_op("scale 2", by_scale(2), {torch::randn({2, 3, 4, 5})});
+  check_op("size 8 x 15 of 4 x 5", by_size(8, 15), {torch::randn({1, 2, 4, 5})});
+  check_op("size 3 x 8 of 3 x 4", by_size(3, 8), {torch::randn({2, 1, 3, 4})});
+  check_op("scale 4", by_scale(4), {torch::randn({1, 2, 3, 3})});
+  check_op("bf16 scale 2", by_scale(2), {torch::randn({1, 2, 3, 4}).to(torch::kBFloat16)}, bf16_options());
+  Options forward;
+  forward.backward = false;
+  check_op("edges", by_scale(2), {edges().reshape({1, 1, 3, 4})}, forward);
+}
+
 // triu and tril over the last two dims, diagonals below, on and above, batched, with their
 // backwards (the same mask on the gradient).
 TEST(XlaOps, TriuTrilAndTheirBackwards) {
@@ -259,13 +394,14 @@ TEST(XlaOps, TriuTrilAndTheirBackwards) {
 }
 
 // Slicing (slice_copy) with steps, negative and out-of-range bounds, narrow and tensor indexing,
-// and the backward's slice_scatter. The backward also runs one aten::copy eagerly: libtorch's
-// lazy core has no node for the functional copy that slice_backward's copy_ into a zero tensor
-// becomes.
+// and the backward's slice_scatter; select with its backward's select_scatter (a negative index,
+// the first and a middle one); copy_ into a tensor (broadcast, and into
+// another dtype). slice_backward's copy_ into a zero tensor and copy_ itself become the
+// functional aten::copy, which the lazy core has no node for (it ran on the host): fulgur's Lazy
+// kernel (src/xla/lazy_views.cpp) writes it as _to_copy and expand_copy.
 TEST(XlaOps, SlicingAndItsBackward) {
   torch::manual_seed(6);
   Options o;
-  o.allowed_eager = {"aten::copy"};
   check_op("slice(1, 1, 5, 2)", [](const auto& x) { return x[0].slice(1, 1, 5, 2) * 2; }, {torch::randn({4, 6})}, o);
   check_op("slice(0, -3, 100, 3)", [](const auto& x) { return x[0].slice(0, -3, 100, 3) * 2; }, {torch::randn({8, 3})}, o);
   check_op("narrow(2, 1, 2)", [](const auto& x) { return x[0].narrow(2, 1, 2) * 2; }, {torch::randn({2, 3, 4})}, o);
@@ -273,6 +409,21 @@ TEST(XlaOps, SlicingAndItsBackward) {
            {torch::randn({4, 6})}, o);
   check_op("bf16 [:, ::2]", [](const auto& x) { return x[0].index({Slice(), Slice(None, None, 2)}) * 2; },
            {torch::randn({3, 7}).to(torch::kBFloat16)}, bf16_options(o));
+  check_op("select(1, -1)", [](const auto& x) { return x[0].select(1, -1) * 2; }, {torch::randn({4, 6, 3})}, o);
+  check_op("select(0, 0) and select(2, 1)", [](const auto& x) { return x[0].select(0, 0) * x[0].select(2, 1); },
+           {torch::randn({3, 3, 3})}, o);
+  check_op("copy_ of [5] into zeros [3, 5]", [](const auto& x) {
+    auto z = torch::zeros({3, 5}, x[0].options().requires_grad(false));
+    z.copy_(x[0]);
+    return z * 2;
+  }, {torch::randn({5})}, o);
+  Options forward = o;
+  forward.backward = false;
+  check_op("copy_ of float32 into float64", [](const auto& x) {
+    auto z = torch::zeros({2, 3}, x[0].options().dtype(torch::kDouble));
+    z.copy_(x[0]);
+    return z;
+  }, {torch::randn({2, 3})}, forward);
 }
 
 // permute (and its backward, the inverse permute), squeeze and unsqueeze.
@@ -438,7 +589,8 @@ TEST(XlaOps, MseLossArgmaxAndClampMaxStayOnXla) {
   check_op("accuracy as a metric computes it", [](const auto& t) {
     return t[0].argmax(1).eq(t[1]).to(torch::kFloat32).mean();
   }, {a, torch::tensor({0, 1, 2, 0, 1, 2, 0, 1})}, forward);
-  // Forward only: clamp's backward takes where, which the lazy core runs on the host.
+  // Forward only here: its backward calls where and is tested with it
+  // (XlaOps.WhereBroadcastsPromotesAndItsBackward).
   check_op("clamp_max", [](const auto& x) { return x[0].clamp_max(0.5); }, {torch::tensor({-1.0f, 0.5f, 2.0f, NAN, INFINITY})},
            forward);
 }
@@ -805,6 +957,8 @@ TEST(XlaOps, EveryRuleOfTheTableHasAPerOpTest) {
       {"aten::clamp", "XlaOps.MaximumMinimumAndClampPropagateNan"},
       {"aten::clamp_min", "XlaOps.MaximumMinimumAndClampPropagateNan"},
       {"aten::masked_fill", "XlaOps.MaskedFillAndItsBackward"},
+      {"aten::where", "XlaOps.WhereBroadcastsPromotesAndItsBackward"},
+      {"aten::topk", "XlaOps.TopkLargestAndSmallestAlongEachDim"},
       {"aten::log_sigmoid_forward", "XlaOps.BinaryCrossEntropyAndItsBackward"},
       {"aten::log_sigmoid_backward", "XlaOps.BinaryCrossEntropyAndItsBackward"},
       {"aten::norm", "XlaOps.NormOfEveryOrderAndItsBackward"},
@@ -813,6 +967,8 @@ TEST(XlaOps, EveryRuleOfTheTableHasAPerOpTest) {
       {"aten::mul", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},
       {"aten::div", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},
       {"aten::pow", "StableHlo.PowOfNegativeBasesAndTensorExponents"},
+      {"aten::bitwise_and", "XlaOps.BitwiseAndLogicalAndOr"},
+      {"aten::bitwise_or", "XlaOps.BitwiseAndLogicalAndOr"},
       {"aten::sqrt", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},
       {"aten::relu", "StableHlo.ReductionsComparisonsReluAndThresholdBackward"},
       {"aten::addcmul", "StableHlo.ArithmeticBroadcastsAndConvertsScalarsAsLibtorch"},
@@ -859,6 +1015,7 @@ TEST(XlaOps, EveryRuleOfTheTableHasAPerOpTest) {
       {"aten::IntImplicit", "XlaOps.SlicingAndItsBackward"},
       {"aten::slice_copy", "XlaOps.SlicingAndItsBackward"},
       {"aten::slice_scatter", "XlaOps.SlicingAndItsBackward"},
+      {"aten::select_scatter", "XlaOps.SlicingAndItsBackward"},
       {"aten::permute_copy", "XlaOps.PermuteSqueezeUnsqueezeAndTheirBackwards"},
       {"aten::squeeze_copy", "XlaOps.PermuteSqueezeUnsqueezeAndTheirBackwards"},
       {"aten::unsqueeze_copy", "XlaOps.PermuteSqueezeUnsqueezeAndTheirBackwards"},
@@ -875,6 +1032,8 @@ TEST(XlaOps, EveryRuleOfTheTableHasAPerOpTest) {
       {"aten::avg_pool2d_backward", "XlaOps.AveragePoolsAndTheirBackwards"},
       {"aten::_adaptive_avg_pool2d", "XlaOps.AveragePoolsAndTheirBackwards"},
       {"aten::_adaptive_avg_pool2d_backward", "XlaOps.AveragePoolsAndTheirBackwards"},
+      {"aten::upsample_nearest2d", "XlaOps.UpsampleNearestAndItsBackward"},
+      {"aten::upsample_nearest2d_backward", "XlaOps.UpsampleNearestAndItsBackward"},
       {"aten::native_dropout_backward", "XlaOps.DropoutKeepsOneMinusPScalesAndItsBackwardUsesTheSameMask"},
       {"fulgur::rng_uniform", "XlaOps.DeviceGeneratorDrawsTheHostThreefryBits"},
       {"fulgur::rng_normal", "XlaOps.DeviceGeneratorDrawsTheHostThreefryBits"},

@@ -49,7 +49,9 @@ namespace fulgur {
 // none aborts. The dropout modules (Dropout, Dropout2d/3d, AlphaDropout,
 // FeatureAlphaDropout) hold no tensors, so need no mover; they draw their
 // masks on the device and compile with XLA, forward and backward
-// (<fulgur/xla/random.h>; ModuleMatrix.DropoutModulesStayOnXla).
+// (<fulgur/xla/random.h>; ModuleMatrix.DropoutModulesStayOnXla). Upsample holds
+// no tensors either; in nearest mode by whole factors it compiles with XLA,
+// forward and backward (the U-Net of tests/test_zoo.cpp).
 //
 // A module of your own that keeps tensors in members
 // (`W = register_parameter("W", ...)`) cannot be detected in general: register

@@ -18,14 +18,33 @@
 // backward, composed here from ops it has nodes for and the StableHLO emitter lowers (clamp,
 // max along a dim, arithmetic and sums), so that a regression loss or an accuracy metric stays
 // in the step's XLA program.
+// And copy, the functional form of copy_ that functionalization writes where a tensor is
+// copied into (slice's and select's backwards copy the gradient into a zero tensor): the lazy
+// core has no node for it and ran it on the host once per backward. Here it is src converted to
+// self's dtype and device and expanded to self's shape (_to_copy and expand_copy, which the
+// emitter lowers).
+// And logical_and / logical_or: the lazy core has no node for them, and the in-place forms
+// (clamp's backward calls logical_and_) failed outright, because functionalization first runs
+// an in-place op on meta tensors and libtorch has no Meta kernel for logical_and.out or
+// logical_or.out. Here the Meta kernels give the out tensor the broadcast shape, and the Lazy
+// kernels are bitwise_and / bitwise_or of (x != 0), lowered ops.
+// And where (torch.where, also what clamp's and smooth_l1_loss's backwards call), which the lazy
+// core has no node for either and ran on the host: here it is an aten::where node of fulgur's
+// (WhereNode), with its operands promoted to the result type and its shape broadcast, which the
+// emitter lowers (rules/elementwise.cpp) and a graph kept on TorchScript runs as aten::where.
 // The results are the eager kernels' (tests/test_modules.cpp runs the modules against eager,
 // tests/test_xla_ops.cpp each op, with nothing left on the host).
 
 #include "xla/lazy_views.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/core/Reduction.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/lazy/core/tensor.h>
+#include <torch/csrc/lazy/ts_backend/ts_node.h>
+#include <torch/csrc/lazy/ts_backend/ts_node_lowering.h>
 #include <torch/library.h>
 
 #include <mutex>
@@ -102,6 +121,67 @@ at::Tensor mse_loss_backward(const at::Tensor& grad_output, const at::Tensor& se
   return (self - target) * grad_output * scale;
 }
 
+// copy(self, src): a new tensor of self's shape, dtype and device holding src broadcast.
+at::Tensor copy(const at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  at::Tensor s = src.to(self.device(), self.scalar_type(), non_blocking);
+  return at::expand_copy(s, self.sizes());
+}
+
+// The Meta kernels of logical_and.out and logical_or.out: the out tensor resized to the
+// broadcast shape (its dtype is the caller's).
+at::Tensor& logical_out_meta(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  out.resize_(at::infer_size(self.sizes(), other.sizes()));
+  return out;
+}
+
+at::Tensor logical_and(const at::Tensor& self, const at::Tensor& other) {
+  return at::bitwise_and(at::ne(self, 0), at::ne(other, 0));
+}
+at::Tensor logical_or(const at::Tensor& self, const at::Tensor& other) {
+  return at::bitwise_or(at::ne(self, 0), at::ne(other, 0));
+}
+
+namespace lazy = torch::lazy;
+
+// aten::where(condition, self, other) of operands already of the result's dtype (the condition
+// bool); the result broadcast to `shape`.
+class WhereNode : public lazy::TsNode {
+ public:
+  WhereNode(const lazy::Value& condition, const lazy::Value& self, const lazy::Value& other, const lazy::Shape& shape)
+      : lazy::TsNode(lazy::OpKind(at::aten::where), {condition, self, other}, std::vector<lazy::Shape>{shape}, 1,
+                     lazy::MHash(shape.sizes().vec(), static_cast<int>(shape.scalar_type()))) {}
+
+  lazy::TSOpVector Lower(std::shared_ptr<torch::jit::GraphFunction> function,
+                         lazy::TSLoweringContext* loctx) const override {
+    std::vector<torch::jit::NamedValue> args;
+    for (size_t i = 0; i < 3; ++i) args.emplace_back(loctx->GetOutputOp(operand(i)));
+    return lazy::LowerTSBuiltin(function, op().op, args);
+  }
+};
+
+at::Tensor where(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other) {
+  TORCH_CHECK(condition.scalar_type() == at::kBool || condition.scalar_type() == at::kByte,
+              "where expected condition to be a boolean tensor, but got a tensor with dtype ",
+              c10::toString(condition.scalar_type()));
+  const at::ScalarType t = at::result_type(self, other);
+  c10::Device device = condition.device();
+  for (const at::Tensor* x : {&condition, &self, &other})
+    if (x->device().is_lazy()) device = x->device();
+  const lazy::BackendDevice lazy_device = lazy::atenDeviceToBackendDevice(device);
+  // The operand's IR value in `dtype`: a wrapped number becomes a constant, a 0-d CPU tensor is
+  // copied to the device (torch.where takes CPU scalars beside device tensors).
+  auto value = [&](const at::Tensor& x, at::ScalarType dtype) {
+    at::Tensor y = x.scalar_type() == dtype ? x : x.to(dtype);
+    lazy::LazyTensorPtr l = lazy::GetLtcTensorOrCreateForWrappedNumber(y, lazy_device);
+    if (!l) l = lazy::GetLtcTensor(y.to(device));
+    return l->GetIrValue();
+  };
+  const std::vector<int64_t> sizes = at::infer_size(at::infer_size(condition.sizes(), self.sizes()), other.sizes());
+  const lazy::Shape shape(t, sizes);
+  lazy::NodePtr node = std::make_shared<WhereNode>(value(condition, at::kBool), value(self, t), value(other, t), shape);
+  return lazy::CreateAtenFromLtcTensor(lazy::LazyTensor::Create(lazy::Value(node, 0), lazy_device));
+}
+
 }  // namespace
 
 void install_lazy_view_kernels() {
@@ -117,6 +197,13 @@ void install_lazy_view_kernels() {
     lib.impl("argmax", TORCH_FN(argmax));
     lib.impl("mse_loss", TORCH_FN(mse_loss));
     lib.impl("mse_loss_backward", TORCH_FN(mse_loss_backward));
+    lib.impl("where.self", TORCH_FN(where));
+    lib.impl("copy", TORCH_FN(copy));
+    lib.impl("logical_and", TORCH_FN(logical_and));
+    lib.impl("logical_or", TORCH_FN(logical_or));
+    static torch::Library meta(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
+    meta.impl("logical_and.out", TORCH_FN(logical_out_meta));
+    meta.impl("logical_or.out", TORCH_FN(logical_out_meta));
   });
 }
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Elementwise rules: arithmetic (add, sub, mul, div, pow, addcmul, addcdiv), unary math and
-// activations (gelu, relu, ...) with their backwards, comparisons, maximum/minimum, clamp and
-// masked_fill, and the scalar arguments the lazy lowering passes as 0-d tensors. Each follows
+// Elementwise rules: arithmetic (add, sub, mul, div, pow, addcmul, addcdiv), bitwise and/or,
+// unary math and
+// activations (gelu, relu, ...) with their backwards, comparisons, maximum/minimum, clamp,
+// masked_fill and where, and the scalar arguments the lazy lowering passes as 0-d tensors. Each follows
 // libtorch's CPU kernel: the result has the output's dtype and every operand is converted to it;
 // tanh, sigmoid, exp, log, rsqrt, log_sigmoid and the backwards of tanh and sigmoid compute
 // 16-bit floats in float32 and round once (libtorch's vectorized kernels convert them);
@@ -86,6 +87,13 @@ void add(LoweringContext& cx, const Node* n) { add_or_sub(cx, n, "stablehlo.add"
 void sub(LoweringContext& cx, const Node* n) { add_or_sub(cx, n, "stablehlo.subtract"); }
 void mul(LoweringContext& cx, const Node* n) { binary_op(cx, n, "stablehlo.multiply"); }
 void pow(LoweringContext& cx, const Node* n) { binary_op(cx, n, "stablehlo.power"); }
+// bitwise and / or of bools or integers (what fulgur's logical_and and logical_or are made of).
+void bitwise(LoweringContext& cx, const Node* n, const char* name) {
+  if (is_floating(cx.out_dtype(n))) throw Unsupported{"a floating dtype"};
+  binary_op(cx, n, name);
+}
+void bitwise_and(LoweringContext& cx, const Node* n) { bitwise(cx, n, "stablehlo.and"); }
+void bitwise_or(LoweringContext& cx, const Node* n) { bitwise(cx, n, "stablehlo.or"); }
 void addcmul(LoweringContext& cx, const Node* n) { addcop(cx, n, "stablehlo.multiply"); }
 void addcdiv(LoweringContext& cx, const Node* n) { addcop(cx, n, "stablehlo.divide"); }
 
@@ -217,6 +225,17 @@ void masked_fill(LoweringContext& cx, const Node* n) {
   cx.set(n, 0, cx.select(mask, cx.broadcast_to(cx.as(value, t), dims), cx.broadcast_to(cx.as(cx.in(n, 0), t), dims)));
 }
 
+// where(condition, self, other): self where condition, other elsewhere, broadcast, in the
+// output's dtype (self and other promoted, as torch.where). The node is fulgur's Lazy kernel's
+// (src/xla/lazy_views.cpp): the lazy core has none.
+void where(LoweringContext& cx, const Node* n) {
+  const c10::ScalarType t = cx.out_dtype(n);
+  const Dims dims = cx.out_dims(n);
+  const Operand condition = cx.broadcast_to(cx.as(cx.in(n, 0), c10::kBool), dims);
+  cx.set(n, 0, cx.select(condition, cx.broadcast_to(cx.as(cx.in(n, 1), t), dims),
+                         cx.broadcast_to(cx.as(cx.in(n, 2), t), dims)));
+}
+
 // (self) -> (output, buffer): output = min(x, 0) - log1p(exp(-|x|)) and buffer = exp(-|x|),
 // libtorch's CPU kernel (whose backward reads the buffer).
 void log_sigmoid_forward(LoweringContext& cx, const Node* n) {
@@ -247,6 +266,8 @@ void add_elementwise_rules(RuleTable& table) {
   table.add("aten::mul", mul);
   table.add("aten::div", div);
   table.add("aten::pow", pow);
+  table.add("aten::bitwise_and", bitwise_and);
+  table.add("aten::bitwise_or", bitwise_or);
   table.add("aten::sqrt", sqrt);
   table.add("aten::relu", relu);
   table.add("aten::addcmul", addcmul);
@@ -277,6 +298,7 @@ void add_elementwise_rules(RuleTable& table) {
   table.add("aten::clamp", clamp);
   table.add("aten::clamp_min", clamp_min);
   table.add("aten::masked_fill", masked_fill);
+  table.add("aten::where", where);
   table.add("aten::log_sigmoid_forward", log_sigmoid_forward);
   table.add("aten::log_sigmoid_backward", log_sigmoid_backward);
 }

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Reduction rules: sum and mean, vector norms, max and min (whole, or along a dim with indices).
+// Reduction rules: sum and mean, vector norms, max and min (whole, or along a dim with indices),
+// and topk (a sort along a dim).
 // 16-bit floats accumulate in float32 and round once, as libtorch's kernels do.
 
 #include "xla/stablehlo/lowering.h"
@@ -143,6 +144,63 @@ void extreme(LoweringContext& cx, const Node* n, bool is_max) {
   cx.set(n, 1, cx.reshape(cx.as(outs[1], cx.out_dtype(n, 1)), cx.out_dims(n, 1)));
 }
 void max(LoweringContext& cx, const Node* n) { extreme(cx, n, true); }
+
+// The comparator of a stable stablehlo.sort of (value, index) pairs that puts `a` first when it
+// is larger (`largest`) or smaller: NaN counts as larger than every number, as in libtorch's
+// topk and sort, so it comes first with largest and last without.
+std::string topk_region(LoweringContext& cx, c10::ScalarType t, bool largest) {
+  const std::string v = mlir_type({}, t), l = mlir_type({}, c10::kLong), p = mlir_type({}, c10::kBool);
+  const std::string a = cx.fresh(), b = cx.fresh(), ai = cx.fresh(), bi = cx.fresh(), before = cx.fresh(),
+                    a_nan = cx.fresh(), b_nan = cx.fresh(), b_num = cx.fresh(), a_num = cx.fresh(),
+                    nan_order = cx.fresh(), r = cx.fresh();
+  auto cmp = [&](const std::string& out, const std::string& x, const std::string& y, const char* dir) {
+    return "      " + out + " = \"stablehlo.compare\"(" + x + ", " + y +
+           ") {comparison_direction = #stablehlo<comparison_direction " + dir + ">} : (" + v + ", " + v + ") -> " +
+           p + "\n";
+  };
+  auto logic = [&](const std::string& out, const char* what, const std::string& x, const std::string& y) {
+    return "      " + out + " = \"stablehlo." + what + "\"(" + x + ", " + y + ") : (" + p + ", " + p + ") -> " + p +
+           "\n";
+  };
+  auto negation = [&](const std::string& out, const std::string& x) {
+    return "      " + out + " = \"stablehlo.not\"(" + x + ") : (" + p + ") -> " + p + "\n";
+  };
+  // largest: a before b when a > b or (a is NaN and b is not); smallest: a < b or (b is NaN and
+  // a is not). Equal values keep their order (is_stable): the smaller index first.
+  return "{\n    ^bb0(" + a + ": " + v + ", " + b + ": " + v + ", " + ai + ": " + l + ", " + bi + ": " + l + "):\n" +
+         cmp(before, a, b, largest ? "GT" : "LT") + cmp(a_nan, a, a, "NE") + cmp(b_nan, b, b, "NE") +
+         negation(b_num, b_nan) + negation(a_num, a_nan) +
+         (largest ? logic(nan_order, "and", a_nan, b_num) : logic(nan_order, "and", a_num, b_nan)) +
+         logic(r, "or", before, nan_order) + "      \"stablehlo.return\"(" + r + ") : (" + p + ") -> ()\n    }";
+}
+
+// topk(self, k, dim, largest, sorted) -> (values, indices): a stable sort of (value, index)
+// pairs along dim (topk_region), its first k. Ties give the smaller index first; unsorted
+// (sorted = false) results come sorted, one of the orders libtorch allows.
+void topk(LoweringContext& cx, const Node* n) {
+  const Operand x = cx.materialized(cx.in(n, 0));
+  const c10::ScalarType t = x.dtype;
+  if (t == c10::kBool) throw Unsupported{"a bool input"};
+  const int64_t k = cx.int_arg(n, 1, "k");
+  const bool largest = cx.bool_arg(n, 3, "largest");
+  if (x.dims.empty()) {  // a 0-d tensor: k is 0 or 1, the element itself at index 0
+    if (k != 1) throw Unsupported{"k " + std::to_string(k) + " of a 0-d tensor"};
+    cx.set(n, 0, x);
+    cx.set(n, 1, cx.splat(0, {}, c10::kLong));
+    return;
+  }
+  const int64_t dim = wrap_dim(cx.int_arg(n, 2, "dim"), x.dims.size());
+  if (k < 0 || k > x.dims[static_cast<size_t>(dim)]) throw Unsupported{"k " + std::to_string(k) + " out of range"};
+  const Operand index =
+      cx.op("stablehlo.iota", {}, x.dims, c10::kLong, "iota_dimension = " + std::to_string(dim) + " : i64");
+  const std::vector<Operand> sorted =
+      cx.op_n("stablehlo.sort", {x, index}, {{x.dims, t}, {x.dims, c10::kLong}},
+              "dimension = " + std::to_string(dim) + " : i64, is_stable = true", topk_region(cx, t, largest));
+  Dims start(x.dims.size(), 0), limit = x.dims, strides(x.dims.size(), 1);
+  limit[static_cast<size_t>(dim)] = k;
+  cx.set(n, 0, cx.as(cx.slice(sorted[0], start, limit, strides), cx.out_dtype(n, 0)));
+  cx.set(n, 1, cx.as(cx.slice(sorted[1], start, limit, strides), cx.out_dtype(n, 1)));
+}
 void min(LoweringContext& cx, const Node* n) { extreme(cx, n, false); }
 
 }  // namespace
@@ -153,6 +211,7 @@ void add_reduce_rules(RuleTable& table) {
   table.add("aten::norm", norm);
   table.add("aten::max", max);
   table.add("aten::min", min);
+  table.add("aten::topk", topk);
 }
 
 }  // namespace fulgur::xla::stablehlo

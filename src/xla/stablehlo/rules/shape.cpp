@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Shape rules: views and copies (view, expand, transpose, permute, squeeze, _to_copy's dtype
-// conversion), slicing and its scatter, select, cat and stack, and the int arguments the lazy
+// conversion), slicing and select with their scatters, cat and stack, and the int arguments the lazy
 // lowering passes as 0-d tensors. None computes beyond a conversion; each moves or copies values.
 
 #include "xla/stablehlo/lowering.h"
@@ -73,6 +73,34 @@ void slice_scatter(LoweringContext& cx, const Node* n) {
   const Operand spread = cx.op("stablehlo.pad", {cx.materialized(src), cx.splat(0, {}, t)}, dims, t, attrs);
   const Operand mask = cx.op("stablehlo.pad", {cx.splat(true, src.dims, c10::kBool), cx.splat(false, {}, c10::kBool)},
                              dims, c10::kBool, attrs);
+  cx.set(n, 0, cx.select(mask, spread, cx.broadcast_to(self, dims)));
+}
+
+// (self, src, dim, index): self with the slice select_copy would read replaced by src (the
+// backward of select): src, given back the selected dim, padded to self's shape, and a mask
+// padded the same way choosing it.
+void select_scatter(LoweringContext& cx, const Node* n) {
+  const c10::ScalarType t = cx.out_dtype(n);
+  const Operand self = cx.as(cx.in(n, 0), t);
+  const Dims dims = cx.out_dims(n);
+  if (dims.empty()) throw Unsupported{"a 0-d input"};
+  const int64_t dim = wrap_dim(cx.int_arg(n, 2, "dim"), dims.size());
+  int64_t index = cx.int_arg(n, 3, "index");
+  if (index < -dims[dim] || index >= dims[dim])
+    throw std::invalid_argument("select_scatter: index " + std::to_string(index) + " out of range for a dim of " +
+                                std::to_string(dims[dim]));
+  if (index < 0) index += dims[dim];
+  Dims one = dims;
+  one[dim] = 1;
+  const Operand src = cx.reshape(cx.materialized(cx.as(cx.in(n, 1), t)), one);
+  Dims low(dims.size(), 0), high(dims.size(), 0), interior(dims.size(), 0);
+  low[dim] = index;
+  high[dim] = dims[dim] - index - 1;
+  const std::string attrs = "edge_padding_high = " + i64_array(high) + ", edge_padding_low = " + i64_array(low) +
+                            ", interior_padding = " + i64_array(interior);
+  const Operand spread = cx.op("stablehlo.pad", {src, cx.splat(0, {}, t)}, dims, t, attrs);
+  const Operand mask =
+      cx.op("stablehlo.pad", {cx.splat(true, one, c10::kBool), cx.splat(false, {}, c10::kBool)}, dims, c10::kBool, attrs);
   cx.set(n, 0, cx.select(mask, spread, cx.broadcast_to(self, dims)));
 }
 
@@ -210,6 +238,7 @@ void add_shape_rules(RuleTable& table) {
   table.add("aten::IntImplicit", int_implicit);
   table.add("aten::slice_copy", slice_copy);
   table.add("aten::slice_scatter", slice_scatter);
+  table.add("aten::select_scatter", select_scatter);
   table.add("aten::permute_copy", permute_copy);
   table.add("aten::squeeze_copy", reshaped);
   table.add("aten::unsqueeze_copy", reshaped);
