@@ -415,6 +415,17 @@ TEST(Environment, ReadmeListsExactlyTheTable) {
 // table (the names given to the env.h readers, and the launcher's own in
 // worker_env.h), each row is there once, and nothing calls getenv but env.h
 // and the table itself.
+// The README's first example is examples/readme_example.cpp (from its first #include), which
+// CTest builds and runs: the README cannot show code that does not compile.
+TEST(Readme, FirstExampleIsTheProgramCTestRuns) {
+  const std::string readme = fulgur::testing::read_file(std::string(FULGUR_SOURCE_DIR) + "/README.md");
+  std::string program = fulgur::testing::read_file(std::string(FULGUR_SOURCE_DIR) + "/examples/readme_example.cpp");
+  program = program.substr(program.find("#include <fulgur/fulgur.h>"));
+  const auto at = readme.find("```cpp\n" + program + "```\n");
+  ASSERT_NE(at, std::string::npos) << "README.md does not show examples/readme_example.cpp from its first #include";
+  EXPECT_LT(at, readme.find("## Installing")) << "the example is not on the README's first screen";
+}
+
 TEST(Environment, HelpLinesComeFromTheTableAndAnUnknownNameIsAnError) {
   const std::string help = fulgur::environment_help({"PJRT_DEVICE", "MASTER_PORT"});
   EXPECT_EQ(help.substr(0, 15), "  PJRT_DEVICE  ");

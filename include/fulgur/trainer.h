@@ -117,7 +117,7 @@ struct TrainerOptions {
   // constructor, naming the value and the range.
   TrainerOptions& devices(const std::vector<int64_t>& indices);
 
-  // "cpu", "xla" or "auto".
+  // "cpu", "cuda" (or "gpu"), "xla" or "auto" (cuda when a GPU is visible, else xla).
   TORCH_ARG(std::string, accelerator) = "auto";
   // "auto", a count "2", or indices "0,1" (one index: "1,", as in Lightning);
   // or the int and vector forms above.

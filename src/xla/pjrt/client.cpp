@@ -663,12 +663,13 @@ Executable Client::compile(const std::string& stablehlo) const {
   } catch (const PjrtError& e) {
     // The plugin may refuse some programs only: the pinned CPU plugin cannot serialize an XNNPACK
     // fusion, which fulgur's default XLA_FLAGS make of reductions, so this happens in every run of
-    // that configuration; said once per cause and process, by rank 0, as information.
+    // that configuration, where the user chose nothing and can change nothing without slower
+    // steps (bench/RESULTS.md): said once per cause and process, by rank 0, at debug level.
     static std::mutex& mu = *new std::mutex;
     static auto& told = *new std::set<std::string>;
     std::lock_guard<std::mutex> lock(mu);
     if (told.insert(e.cause()).second)
-      runtime::log_rank_zero(runtime::LogLevel::kInfo,
+      runtime::log_rank_zero(runtime::LogLevel::kDebug,
                              "xla compile cache: a program is not kept, because the plugin cannot serialize its "
                              "executable (" + e.cause() + "); later processes compile it again. On the CPU plugin, "
                              "XLA_FLAGS=--xla_cpu_experimental_xnn_fusion_type= (no XNNPACK fusions) lets every "
