@@ -70,6 +70,27 @@ struct ChildRun {
   std::string stderr_text;
 };
 
+// In a child: writes the process's PJRT metrics, then what `values` adds, as one line to
+// `report`, and exits 0 without running destructors (the plugin's threads stay behind).
+[[noreturn]] void report_and_exit(const std::string& report, const std::function<void(std::ostream&)>& values) {
+  const pjrt::RuntimeMetrics m = pjrt::runtime_metrics();
+  std::ofstream o(report);
+  o << m.programs_compiled << " " << m.cache_hits << " " << m.cache_misses << " " << m.cache_rejected << " "
+    << m.cache_bytes_read << " " << m.cache_bytes_written;
+  values(o);
+  o << "\n";
+  o.close();
+  std::fflush(stderr);
+  std::_Exit(0);
+}
+
+// In a child: the error on its stderr, exit 99.
+[[noreturn]] void fail_child(const std::exception& e) {
+  std::fprintf(stderr, "%s\n", e.what());
+  std::fflush(stderr);
+  std::_Exit(99);
+}
+
 // Starts a child that sets `env` (FULGUR_XLA_CACHE_DIR among them; XLA_FLAGS is fulgur's
 // default unless `env` sets it), compiles mul_add(c) (or `program`, when given) with
 // process_client(), runs it on {1,2,3,4} * {5,6,7,8}, and reports. `go` (when given) is a pipe
@@ -99,19 +120,11 @@ pid_t start_run(const std::string& report, int c, const std::vector<std::pair<st
     pjrt::Buffer y = client.to_device(b, pjrt::ElementType::f32, {4});
     float out[4];
     exe.execute({&x, &y})[0].to_host(out, sizeof out);
-    const pjrt::RuntimeMetrics m = pjrt::runtime_metrics();
-    std::ofstream o(report);
-    o << m.programs_compiled << " " << m.cache_hits << " " << m.cache_misses << " " << m.cache_rejected << " "
-      << m.cache_bytes_read << " " << m.cache_bytes_written;
-    for (float v : out) o << " " << v;
-    o << "\n";
-    o.close();
-    std::fflush(stderr);
-    std::_Exit(0);
+    report_and_exit(report, [&](std::ostream& o) {
+      for (float v : out) o << " " << v;
+    });
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    std::fflush(stderr);
-    std::_Exit(99);
+    fail_child(e);
   }
 }
 
@@ -124,7 +137,8 @@ ChildRun finish_run(pid_t pid, const std::string& report) {
   std::istringstream in(fulgur::testing::read_file(report));
   in >> r.metrics.programs_compiled >> r.metrics.cache_hits >> r.metrics.cache_misses >> r.metrics.cache_rejected >>
       r.metrics.cache_bytes_read >> r.metrics.cache_bytes_written;
-  for (float v; in >> v;) r.result.push_back(v);
+  // strtof reads both the decimal floats and the hexadecimal ones (exact parameters).
+  for (std::string v; in >> v;) r.result.push_back(std::strtof(v.c_str(), nullptr));
   return r;
 }
 
@@ -187,34 +201,17 @@ ChildRun fit_in_child(const std::string& root, const std::string& report) {
                             .num_sanity_val_steps(0));
       t.fit(net, std::make_shared<fulgur::DataLoader>(fulgur::testing::regression_data(80),
                                                        fulgur::DataLoaderOptions(8)));
-      const pjrt::RuntimeMetrics m = pjrt::runtime_metrics();
-      std::ofstream o(report);
-      o << m.programs_compiled << " " << m.cache_hits << " " << m.cache_misses << " " << m.cache_rejected << " "
-        << m.cache_bytes_read << " " << m.cache_bytes_written;
-      for (const auto& p : net.parameters()) {
-        const at::Tensor t = p.detach().to(torch::kCPU).contiguous();
-        for (int64_t i = 0; i < t.numel(); ++i) o << " " << std::hexfloat << t.data_ptr<float>()[i];
-      }
-      o << "\n";
-      o.close();
-      std::fflush(stderr);
-      std::_Exit(0);
+      report_and_exit(report, [&](std::ostream& o) {
+        for (const auto& p : net.parameters()) {
+          const at::Tensor t = p.detach().to(torch::kCPU).contiguous();
+          for (int64_t i = 0; i < t.numel(); ++i) o << " " << std::hexfloat << t.data_ptr<float>()[i];
+        }
+      });
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n", e.what());
-      std::fflush(stderr);
-      std::_Exit(99);
+      fail_child(e);
     }
   }
-  ChildRun r;
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.stderr_text = fulgur::testing::read_file(report + ".stderr");
-  std::istringstream in(fulgur::testing::read_file(report));
-  in >> r.metrics.programs_compiled >> r.metrics.cache_hits >> r.metrics.cache_misses >> r.metrics.cache_rejected >>
-      r.metrics.cache_bytes_read >> r.metrics.cache_bytes_written;
-  for (std::string v; in >> v;) r.result.push_back(std::strtof(v.c_str(), nullptr));
-  return r;
+  return finish_run(pid, report);
 }
 
 const std::vector<float> kExpected = {5 + 3, 12 + 3, 21 + 3, 32 + 3};  // mul_add(3)

@@ -123,6 +123,7 @@ const RuleTable& rules() {
     add_norm_rules(t);
     add_softmax_loss_rules(t);
     add_pool_rules(t);
+    add_upsample_rules(t);
     add_random_rules(t);
     return t;
   }();

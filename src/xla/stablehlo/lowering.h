@@ -122,6 +122,7 @@ void add_conv_rules(RuleTable& table);
 void add_norm_rules(RuleTable& table);
 void add_softmax_loss_rules(RuleTable& table);
 void add_pool_rules(RuleTable& table);
+void add_upsample_rules(RuleTable& table);
 void add_random_rules(RuleTable& table);
 
 // Every family's rules; built once, then only read (thread-safe).

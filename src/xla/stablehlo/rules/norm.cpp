@@ -17,6 +17,22 @@ Operand along_channels(LoweringContext& cx, const Operand& c, const Dims& full) 
 
 // (input, normalized_shape, weight?, bias?, eps) -> (output, mean, rstd), the statistics over
 // the last len(normalized_shape) dims, kept as dims of size 1.
+// Batch norm's statistics run over every dim but the channels (dim 1): those dims, and the
+// elements of one channel.
+Dims all_but_channels(const Dims& dims) {
+  Dims others;
+  for (size_t d = 0; d < dims.size(); ++d)
+    if (d != 1) others.push_back(static_cast<int64_t>(d));
+  return others;
+}
+
+int64_t elements_per_channel(const Dims& dims) {
+  int64_t count = 1;
+  for (size_t d = 0; d < dims.size(); ++d)
+    if (d != 1) count *= dims[d];
+  return count;
+}
+
 void native_layer_norm(LoweringContext& cx, const Node* n) {
   // The statistics and the normalization in float32 for 16-bit floats (libtorch's kernel
   // accumulates them so), the output rounded once.
@@ -104,13 +120,8 @@ void native_batch_norm(LoweringContext& cx, const Node* n) {
   const bool training = cx.bool_arg(n, 5, "training");
   const bool has_running = !cx.none_arg(n, 3) && !cx.none_arg(n, 4);
   if (!training && !has_running) throw Unsupported{"evaluation without running statistics"};
-  Dims others;
-  int64_t count = 1;
-  for (size_t d = 0; d < x.dims.size(); ++d) {
-    if (d == 1) continue;
-    others.push_back(static_cast<int64_t>(d));
-    count *= x.dims[d];
-  }
+  const Dims others = all_but_channels(x.dims);
+  const int64_t count = elements_per_channel(x.dims);
   // The statistics that normalize: libtorch's kernel saves them in save_mean's dtype and
   // normalizes with the saved values.
   Operand norm_mean, norm_invstd;
@@ -169,13 +180,8 @@ void native_batch_norm_backward(LoweringContext& cx, const Node* n) {
   const c10::ScalarType t = accumulation_type(cx.in(n, 1).dtype);  // float32 for 16-bit floats, as the forward
   const Operand grad = cx.as(cx.in(n, 0), t), x = cx.as(cx.in(n, 1), t);
   if (x.dims.size() < 2) throw Unsupported{"input of " + std::to_string(x.dims.size()) + " dimensions"};
-  Dims others;
-  int64_t count = 1;
-  for (size_t d = 0; d < x.dims.size(); ++d) {
-    if (d == 1) continue;
-    others.push_back(static_cast<int64_t>(d));
-    count *= x.dims[d];
-  }
+  const Dims others = all_but_channels(x.dims);
+  const int64_t count = elements_per_channel(x.dims);
   Operand mean, invstd;
   if (train) {
     if (cx.none_arg(n, 5) || cx.none_arg(n, 6)) throw Unsupported{"training without saved statistics"};
