@@ -69,6 +69,10 @@ class Strategy {
   virtual void setup_environment();
   // Precision conversion, model_to_device, then (when fitting) the optimizers.
   virtual void setup(Trainer& trainer);
+  // The module's configure_optimizers, checked, with any optimizer state on the parameters'
+  // device (Lightning's setup_optimizers). setup calls it when fitting; LearningRateFinder calls
+  // it again once the module holds the rate it found. REQUIRES: the module is on its device.
+  void setup_optimizers();
   // Parameters and buffers onto root_device(); tied weights stay tied.
   virtual void model_to_device();
   // After the module is on its device: make replicas agree (parallel strategies).
