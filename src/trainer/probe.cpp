@@ -28,12 +28,13 @@ void TrainerImpl::reconfigure_optimizers() {
   scheduler_counts.assign(strategy->optimizer_config().schedulers.size(), 0);
 }
 
-// Epochs of the probe's batches until `max_steps` optimizer steps, a stop (should_stop), the
-// trainer's max_epochs, or an epoch that took no step (an empty loader, or manual optimization
-// that does not step).
+// Epochs of the training batches (limit_train_batches of them each) until `max_steps` optimizer
+// steps, a stop (should_stop), or an epoch that took no step (an empty loader, or manual
+// optimization that does not step). The fit's max_epochs does not bound them: the probe needs
+// its steps, as lr_find's Trainer of its own runs with max_epochs(-1).
 void TrainerImpl::probe_epochs(int64_t max_steps) {
   for (auto& c : callbacks) c->on_train_start(owner, *model);
-  for (int64_t epoch = 0; resolved.max_epochs == -1 || epoch < resolved.max_epochs; ++epoch) {
+  for (int64_t epoch = 0;; ++epoch) {
     if (num_training_batches == 0 || global_step >= max_steps || should_stop) return;
     const int64_t steps_before = global_step;
     current_epoch = epoch;

@@ -89,7 +89,8 @@ LRFinderResult lr_find(const Trainer& trainer, LightningModule& model, DataModul
 
 // LearningRateFinder: the range test at the start of fit, on the fit's own strategy, data and
 // module (Lightning's callbacks.LearningRateFinder, which runs it at on_fit_start). Its
-// num_training_steps optimizer steps run with the test as the only callback and no loggers,
+// num_training_steps optimizer steps (over as many epochs of the training loader as they need,
+// whatever the fit's max_epochs) run with the test as the only callback and no loggers,
 // validation or checkpoints; then the module's weights (bit for bit), the generators and the loop
 // are put back, configure_optimizers makes the optimizers anew, and with update_attr the
 // suggestion becomes the rate the fit trains with:
