@@ -187,7 +187,58 @@ TEST(LearningRateFinder, WithoutSetterOrUpdateAndBadOptions) {
               ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("LearningRateFinder: mode 'cosine' is not known")));
 }
 
+namespace {
+
+// Each rank writes the rate it found and its weights after fit to <dir>/rank-<R>.pt.
+struct RankReport : Callback {
+  RankReport(std::string dir, std::shared_ptr<LearningRateFinder> finder) : dir(std::move(dir)), finder(std::move(finder)) {}
+  std::string state_key() const override { return "RankReport"; }
+  void on_fit_end(Trainer& t, LightningModule& m) override {
+    std::vector<at::Tensor> out{torch::tensor({finder->optimal_lr().value_or(-1.0)}, torch::kFloat64),
+                                torch::tensor({t.global_step()})};
+    for (auto& [name, w] : weights_of(m)) out.push_back(w);
+    torch::save(out, dir + "/rank-" + std::to_string(t.global_rank()) + ".pt");
+  }
+  std::string dir;
+  std::shared_ptr<LearningRateFinder> finder;
+};
+
+// Two real processes (ddp on the cpu, xla's strategy on two xla devices): both ranks run the test
+// on their shares in lockstep, find the same rate and train to the same weights.
+void expect_two_processes_find_the_same_rate(const std::string& accelerator, const std::string& strategy) {
+  SCOPED_TRACE(strategy);
+  TempDir dir;
+  seed_everything(3);
+  TinyRegression m(0.1);
+  auto finder = std::make_shared<LearningRateFinder>(finder_options().num_training_steps(20), set_tiny_lr);
+  Trainer t(quiet(dir.path).accelerator(accelerator).strategy(strategy).devices(2).max_steps(3).logger(false)
+                .enable_checkpointing(false).callbacks({finder, std::make_shared<RankReport>(dir.path, finder)}));
+  t.fit(m, loader(128, 8));
+  std::vector<at::Tensor> r0, r1;
+  torch::load(r0, dir.path + "/rank-0.pt");
+  torch::load(r1, dir.path + "/rank-1.pt");
+  ASSERT_EQ(r0.size(), r1.size());
+  const double rate = r0[0].item<double>();
+  EXPECT_GT(rate, 1e-4);
+  EXPECT_LT(rate, 1.0);
+  EXPECT_EQ(r1[0].item<double>(), rate) << "rank 1's rate";
+  EXPECT_EQ(r0[1].item<int64_t>(), 3);
+  EXPECT_EQ(r1[1].item<int64_t>(), 3);
+  for (size_t i = 2; i < r0.size(); ++i) EXPECT_TRUE(torch::equal(r0[i], r1[i])) << "weights " << i;
+  EXPECT_EQ(finder->optimal_lr(), rate) << "rank 0's, back in the launching process";
+  EXPECT_EQ(m.lr, 0.1) << "the setter ran in the workers";
+  EXPECT_TRUE(fs::exists(dir.path + "/lr_find.csv"));
+}
+
+}  // namespace
+
+TEST(LearningRateFinder, TwoProcessesFindTheSameRate) {
+  expect_two_processes_find_the_same_rate("cpu", "ddp");
+  expect_two_processes_find_the_same_rate("xla", "xla");
+}
+
 // On an xla device: the weights come back from the device bit for bit, and training goes on.
+// (Last in the file: this process then holds a PJRT client, which forked xla workers cannot use.)
 TEST(LearningRateFinder, OnXla) {
   TempDir dir;
   seed_everything(3);
@@ -205,48 +256,4 @@ TEST(LearningRateFinder, OnXla) {
   expect_same(start->weights, before, "the weights the training starts from");
   EXPECT_EQ(t.global_step(), 3);
   EXPECT_FALSE(torch::equal(weights_of(m)[0].second, before[0].second)) << "training went on";
-}
-
-namespace {
-
-// Each rank writes the rate it found and its weights after fit to <dir>/rank-<R>.pt.
-struct RankReport : Callback {
-  RankReport(std::string dir, std::shared_ptr<LearningRateFinder> finder) : dir(std::move(dir)), finder(std::move(finder)) {}
-  std::string state_key() const override { return "RankReport"; }
-  void on_fit_end(Trainer& t, LightningModule& m) override {
-    std::vector<at::Tensor> out{torch::tensor({finder->optimal_lr().value_or(-1.0)}, torch::kFloat64),
-                                torch::tensor({t.global_step()})};
-    for (auto& [name, w] : weights_of(m)) out.push_back(w);
-    torch::save(out, dir + "/rank-" + std::to_string(t.global_rank()) + ".pt");
-  }
-  std::string dir;
-  std::shared_ptr<LearningRateFinder> finder;
-};
-
-}  // namespace
-
-// Two real processes (ddp on the cpu): both ranks run the test on their shares in lockstep, find
-// the same rate and train to the same weights.
-TEST(LearningRateFinder, TwoProcessesFindTheSameRate) {
-  TempDir dir;
-  seed_everything(3);
-  TinyRegression m(0.1);
-  auto finder = std::make_shared<LearningRateFinder>(finder_options().num_training_steps(20), set_tiny_lr);
-  Trainer t(quiet(dir.path).strategy("ddp").devices(2).max_steps(3).logger(false).enable_checkpointing(false)
-                .callbacks({finder, std::make_shared<RankReport>(dir.path, finder)}));
-  t.fit(m, loader(128, 8));
-  std::vector<at::Tensor> r0, r1;
-  torch::load(r0, dir.path + "/rank-0.pt");
-  torch::load(r1, dir.path + "/rank-1.pt");
-  ASSERT_EQ(r0.size(), r1.size());
-  const double rate = r0[0].item<double>();
-  EXPECT_GT(rate, 1e-4);
-  EXPECT_LT(rate, 1.0);
-  EXPECT_EQ(r1[0].item<double>(), rate) << "rank 1's rate";
-  EXPECT_EQ(r0[1].item<int64_t>(), 3);
-  EXPECT_EQ(r1[1].item<int64_t>(), 3);
-  for (size_t i = 2; i < r0.size(); ++i) EXPECT_TRUE(torch::equal(r0[i], r1[i])) << "weights " << i;
-  EXPECT_EQ(finder->optimal_lr(), rate) << "rank 0's, back in the launching process";
-  EXPECT_EQ(m.lr, 0.1) << "the setter ran in the workers";
-  EXPECT_TRUE(fs::exists(dir.path + "/lr_find.csv"));
 }
