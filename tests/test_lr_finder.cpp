@@ -187,6 +187,27 @@ TEST(LearningRateFinder, WithoutSetterOrUpdateAndBadOptions) {
               ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("LearningRateFinder: mode 'cosine' is not known")));
 }
 
+// A resumed fit runs no test: the rate comes back from the checkpoint, to the setter too.
+TEST(LearningRateFinder, AResumedFitKeepsTheRateFound) {
+  TempDir dir;
+  seed_everything(3);
+  TinyRegression m(0.1);
+  auto finder = std::make_shared<LearningRateFinder>(finder_options(), set_tiny_lr);
+  const std::string ck = dir.path + "/ck";
+  auto checkpoints = [&] { return std::make_shared<ModelCheckpoint>(ModelCheckpointOptions().dirpath(ck).save_last(true)); };
+  Trainer t(quiet(dir.path).max_steps(3).logger(false).callbacks({finder, checkpoints()}));
+  t.fit(m, loader(128, 8));
+  ASSERT_TRUE(finder->optimal_lr().has_value());
+  TinyRegression resumed(0.1);
+  auto again = std::make_shared<LearningRateFinder>(finder_options(), set_tiny_lr);
+  Trainer t2(quiet(dir.path).max_steps(5).logger(false).callbacks({again, checkpoints()}));
+  t2.fit(resumed, loader(128, 8), nullptr, ck + "/last.ckpt");
+  EXPECT_TRUE(again->result().lrs.empty()) << "no second test";
+  EXPECT_EQ(again->optimal_lr(), finder->optimal_lr());
+  EXPECT_EQ(resumed.lr, *finder->optimal_lr());
+  EXPECT_EQ(t2.global_step(), 5);
+}
+
 namespace {
 
 // Each rank writes the rate it found and its weights after fit to <dir>/rank-<R>.pt.

@@ -251,7 +251,11 @@ void LearningRateFinder::on_fit_start(Trainer& trainer, LightningModule& model) 
     runtime::warn_rank_zero_once("LearningRateFinder is skipped: fast_dev_run is on");
     return;
   }
-  if (trainer.global_step() > 0) return;  // resumed: the optimizers' restored state holds the rate
+  if (trainer.global_step() > 0) {
+    // Resumed: the optimizers' restored state holds the rate; the module gets it back too.
+    if (options_.update_attr() && optimal_lr_ && set_lr_) set_lr_(model, *optimal_lr_);
+    return;
+  }
   const LRFinderOptions options = test_options();
   RangeTest test(options);
   detail::RunContext& run = detail::run_context(trainer);

@@ -105,8 +105,11 @@ LRFinderResult lr_find(const Trainer& trainer, LightningModule& model, DataModul
 // broadcast after it. (Lightning records each rank's own loss, broadcasts rank 0's stop decision
 // at each step and rank 0's curve at the end; the mean follows the loss of the global batch that
 // the optimizer descends.) Rank 0 writes the curve's CSV. A fit resumed from a checkpoint past
-// step 0 is not tested again: its optimizers' state already holds the rate it trained with.
-// Not run under fast_dev_run (a warning), as in Lightning.
+// step 0 is not tested again: its optimizers' state already holds the rate it trained with, and
+// the setter gets the rate kept in the checkpoint. Its schedulers, though, were made by
+// configure_optimizers before the restore, from the module's field as it was then: a module that
+// schedules its rate should keep the found rate itself (in its hparams, say) to resume the same
+// schedule. Not run under fast_dev_run (a warning), as in Lightning.
 //
 // Example:
 //   auto finder = std::make_shared<fulgur::LearningRateFinder>(
