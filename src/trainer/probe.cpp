@@ -20,12 +20,12 @@
 namespace fulgur::detail {
 
 void TrainerImpl::reconfigure_optimizers() {
-  if (stage != Stage::kFit || global_step != 0) {
+  if (stage != Stage::kFit || progress.global_step != 0) {
     throw std::logic_error("reconfigure_optimizers: only in a fit before its first optimizer step (global_step=" +
-                           std::to_string(global_step) + ")");
+                           std::to_string(progress.global_step) + ")");
   }
   strategy->setup_optimizers();
-  scheduler_counts.assign(strategy->optimizer_config().schedulers.size(), 0);
+  progress.scheduler_counts.assign(strategy->optimizer_config().schedulers.size(), 0);
 }
 
 // Epochs of the training batches (limit_train_batches of them each) until `max_steps` optimizer
@@ -35,9 +35,9 @@ void TrainerImpl::reconfigure_optimizers() {
 void TrainerImpl::probe_epochs(int64_t max_steps) {
   for (auto& c : callbacks) c->on_train_start(owner, *model);
   for (int64_t epoch = 0;; ++epoch) {
-    if (num_training_batches == 0 || global_step >= max_steps || should_stop) return;
-    const int64_t steps_before = global_step;
-    current_epoch = epoch;
+    if (num_training_batches == 0 || progress.global_step >= max_steps || should_stop) return;
+    const int64_t steps_before = progress.global_step;
+    progress.epoch = epoch;
     train_source->set_epoch(epoch);
     model->train();
     for (auto& c : callbacks) c->on_train_epoch_start(owner, *model);
@@ -47,18 +47,19 @@ void TrainerImpl::probe_epochs(int64_t max_steps) {
       auto batch = stream->next();
       if (!batch) break;
       training_batch(*batch, i);
-      if (global_step >= max_steps || should_stop) return;
+      if (progress.global_step >= max_steps || should_stop) return;
     }
-    if (global_step == steps_before) return;
+    if (progress.global_step == steps_before) return;
   }
 }
 
 void TrainerImpl::run_probe(Callback& probe, int64_t max_steps) {
-  if (stage != Stage::kFit || global_step != 0 || !train_source) {
-    throw std::logic_error("run_probe: only at the start of a fit at step 0 (global_step=" + std::to_string(global_step) + ")");
+  if (stage != Stage::kFit || progress.global_step != 0 || !train_source) {
+    throw std::logic_error("run_probe: only at the start of a fit at step 0 (global_step=" + std::to_string(progress.global_step) + ")");
   }
   // What the steps change: the weights (CPU copies), the generators, the precision plugin's state
-  // (a GradScaler's scale); the loop counters are all at their start values here.
+  // (a GradScaler's scale) and the loop's progress.
+  const Progress start = progress;
   const c10::Dict<std::string, c10::IValue> weights = state_dict(*model);
   const at::Tensor cpu_rng = at::detail::getDefaultCPUGenerator().get_state();
   const auto params = model->parameters();
@@ -82,11 +83,7 @@ void TrainerImpl::run_probe(Callback& probe, int64_t max_steps) {
     cpu_generator.set_state(cpu_rng);
     if (on_xla) xla::set_rng_state(xla_rng);
     if (precision_state) strategy->precision().load_state_dict(*precision_state, "the precision state before the probe");
-    current_epoch = 0;
-    global_step = 0;
-    epoch_batches_done = 0;
-    epoch_finished = false;
-    accumulated = 0;
+    progress = start;
     should_stop = false;
     last_logged_step = logged_step;
     results.reset();

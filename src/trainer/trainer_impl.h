@@ -14,6 +14,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include "trainer/progress.h"
 #include "trainer/results.h"
 #include "trainer/run_context.h"
 #include "trainer/stop_poll.h"
@@ -183,14 +184,8 @@ struct TrainerImpl {
   // Loop state.
   LightningModule* model = nullptr;
   Stage stage = Stage::kFit;
-  int64_t current_epoch = 0;
-  int64_t global_step = 0;
-  int64_t epoch_batches_done = 0;  // batches finished in current_epoch (resume position)
-  bool epoch_finished = false;
-  // The per-epoch schedulers have taken this epoch's step (they step after the epoch-end hooks,
-  // where ModelCheckpoint saves): a checkpoint records it, so that a resumed run takes a step
-  // its checkpoint came before.
-  bool epoch_schedulers_stepped = false;
+  // The epoch, step, resume position, micro-batches and scheduler counts (progress.h).
+  Progress progress;
   bool should_stop = false;
   bool sanity_checking = false;
   // Set while fit handles stop signals: where the loops agree to stop, and
@@ -204,7 +199,6 @@ struct TrainerImpl {
   bool schedulers_paused = false;
   int64_t num_training_batches = 0;
   int64_t num_val_batches = 0;  // per validation run of fit, after limits; 0 without a val loader
-  int64_t accumulated = 0;  // micro-batches since the last optimizer step
   // Micro-batches per optimizer step now: the option, reset at each fit's start; a
   // GradientAccumulationScheduler changes it per epoch.
   int64_t accumulate_grad_batches = 1;
@@ -212,7 +206,6 @@ struct TrainerImpl {
   std::shared_ptr<BatchSource> train_source;
   std::shared_ptr<BatchSource> val_source;
   int64_t current_batch_size = 1;
-  std::vector<int64_t> scheduler_counts;  // steps taken by each scheduler
   // This rank's predictions (CPU tensors) of the current or last predict run;
   // in the launching process after a multi-process run, rank 0's.
   std::vector<at::Tensor> predictions;
