@@ -31,10 +31,6 @@ Run train(Recording& model, const std::string& accelerator, std::shared_ptr<Tens
 // at every step. Empty when nothing left.
 std::string left_xla(const xla::BackendMetrics& before, int64_t reads);
 
-// The steps after which XLA compiles no new graph: the first step, the second (the optimizer's
-// state exists from then on) and one more.
-constexpr size_t kWarmUp = 3;
-
 // Graphs compiled after warm-up: the count when the last step began minus the count when step
 // kWarmUp began.
 int64_t graphs_after_warm_up(const Recording& model);

@@ -104,11 +104,12 @@ struct TinyGpt : Recording {
     Window w = window_of(prompt, device);
     std::vector<at::Tensor> out;
     for (int64_t i = 0; i < n; ++i) {
-      at::Tensor logits = forward(w).select(1, kBlock - 1);  // [B, kVocab]: the newest token's
-      if (temperature > 0) logits = logits / temperature - torch::log(-torch::log(torch::rand_like(logits)));
-      const at::Tensor next = logits.argmax(-1, true);  // [B, 1]
-      out.push_back(next);
-      w = shift(w, next);
+      {  // the logits are gone by the step mark: not an output of the step's graph
+        at::Tensor logits = forward(w).select(1, kBlock - 1);  // [B, kVocab]: the newest token's
+        if (temperature > 0) logits = logits / temperature - torch::log(-torch::log(torch::rand_like(logits)));
+        out.push_back(logits.argmax(-1, true));  // [B, 1]
+      }
+      w = shift(w, out.back());
       if (device.type() == c10::kLazy) xla::mark_step();
     }
     train(was_training);

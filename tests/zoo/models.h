@@ -21,6 +21,10 @@ namespace fulgur::zoo {
 
 namespace nn = torch::nn;
 
+// The steps after which XLA compiles no new graph: the first step, the second (the optimizer's
+// state exists from then on) and one more.
+constexpr size_t kWarmUp = 3;
+
 // A module that records the loss of each training step.
 struct Recording : LightningModule {
   using LightningModule::LightningModule;
