@@ -12,6 +12,7 @@
 
 #include "distributed/network.h"
 #include "distributed/tcp_store.h"
+#include "launchers/failure_store.h"
 #include "launchers/restarts.h"
 #include "launchers/worker_env.h"
 #include "launchers/worker_fork.h"
@@ -56,6 +57,12 @@ using detail::kParentStoreEnv;
 using detail::kRestartCountEnv;
 using detail::kStoreEnv;
 using detail::kWorkerEnv;
+using detail::ErrorRecord;
+using detail::failure_elsewhere;
+using detail::failure_time_now;
+using detail::read_error_record;
+using detail::report_failure_to_job;
+using detail::write_error_record;
 
 // Launches this process has made (parent) or seen (spawned worker replaying).
 int g_launches = 0;
@@ -74,10 +81,6 @@ void kill_and_reap(const std::vector<pid_t>& started) {
     while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
     }
   }
-}
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 std::string signal_name(int sig) {
@@ -122,111 +125,6 @@ const std::string& run_dir() {
   static std::unique_ptr<RunDir> dir;
   if (!dir || dir->owner != ::getpid()) dir = std::make_unique<RunDir>();
   return dir->path;
-}
-
-// A failing worker's record: rank, time, kind, message.
-void write_error_record(const std::string& dir, int64_t rank, const std::string& kind, const std::string& message) {
-  const std::string path = dir + "/error-" + std::to_string(rank) + ".txt";
-  std::ofstream out(path + ".tmp");
-  out.precision(17);
-  out << now_seconds() << "\n" << kind << "\n" << message;
-  out.close();
-  std::rename((path + ".tmp").c_str(), path.c_str());
-}
-
-struct ErrorRecord {
-  bool present = false;
-  double time = 0;
-  std::string kind;
-  std::string message;
-};
-
-ErrorRecord read_error_record(const std::string& dir, int64_t rank) {
-  ErrorRecord r;
-  std::ifstream in(dir + "/error-" + std::to_string(rank) + ".txt");
-  if (!in) return r;
-  r.present = true;
-  std::string line;
-  std::getline(in, line);
-  r.time = std::atof(line.c_str());
-  std::getline(in, r.kind);
-  std::stringstream rest;
-  rest << in.rdbuf();
-  r.message = rest.str();
-  return r;
-}
-
-// The store of a job across nodes. Node 0's launcher serves it on
-// MASTER_PORT for the life of the process (each launch's keys under
-// "launch-<i>/"), so that it outlives any worker and carries the first
-// failure to the other nodes. Other nodes' launchers connect (to record or
-// read failures) once node 0 accepts connections. Returns an empty pointer
-// while the store cannot be reached.
-c10::intrusive_ptr<::c10d::Store> node_store(const MultiProcessLauncherOptions& o,
-                                             std::chrono::milliseconds connect_timeout = std::chrono::seconds(3)) {
-  static c10::intrusive_ptr<::c10d::Store> store;
-  if (store) return store;
-  ::c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(o.main_port());
-  so.isServer = o.node_rank() == 0;
-  so.waitWorkers = false;
-  if (so.isServer) {
-    so.timeout = std::chrono::seconds(60);
-    try {
-      store = detail::open_tcp_store(o.main_address(), so);
-    } catch (const std::exception& e) {
-      const std::string msg = runtime::first_line(e.what());
-      throw CollectiveError("rendezvous: node 0 cannot serve the store on MASTER_PORT=" + std::to_string(o.main_port()) +
-                            " (" + msg + "); choose a free port, the same on every node");
-    }
-    return store;
-  }
-  so.timeout = connect_timeout;
-  if (!detail::accepts_connections(o.main_address(), o.main_port(), 100)) return {};  // node 0 is not up (or gone)
-  try {
-    auto client = detail::open_tcp_store(o.main_address(), so);
-    // As in the rendezvous (collectives.cpp): a first wait puts the timeout on
-    // the client's socket for every later reply, so that a program holding the
-    // port (accepts, never answers) cannot hold this launcher in a later call.
-    const std::string hello = "fulgur/hello/node-" + std::to_string(o.node_rank());
-    client->set(hello, std::vector<uint8_t>{1});
-    client->wait({hello});
-    store = client;
-  } catch (const std::exception&) {
-    return {};
-  }
-  return store;
-}
-
-// Records a node's first failure in the job's store under `keys` (the
-// attempt's launch_store_prefix), unless another node's came first. Best
-// effort: the store may be gone with node 0.
-void report_failure_to_job(const MultiProcessLauncherOptions& o, const std::string& keys, const std::string& what) {
-  try {
-    auto store = node_store(o);
-    if (!store) return;
-    const std::string prefix = keys + "/fulgur/";
-    if (store->add(prefix + "failures", 1) == 1) {
-      const std::string msg = "node " + std::to_string(o.node_rank()) + ": " + what;
-      store->set(prefix + "failure", std::vector<uint8_t>(msg.begin(), msg.end()));
-    }
-  } catch (const std::exception&) {
-  }
-}
-
-// The first failure another node recorded under `keys` (this attempt's), or "".
-std::string failure_elsewhere(const MultiProcessLauncherOptions& o, const std::string& keys,
-                              std::chrono::milliseconds connect_timeout = std::chrono::seconds(3)) {
-  try {
-    auto store = node_store(o, connect_timeout);
-    const std::string key = keys + "/fulgur/failure";
-    if (!store || !store->check({key})) return "";
-    const std::vector<uint8_t> v = store->get(key);
-    const std::string msg(v.begin(), v.end());
-    return msg.rfind("node " + std::to_string(o.node_rank()) + ":", 0) == 0 ? "" : msg;
-  } catch (const std::exception&) {
-    return "";
-  }
 }
 
 std::vector<std::string> own_argv() {
@@ -432,7 +330,7 @@ AttemptEnd run_attempt(const MultiProcessLauncherOptions& options, const WorkerF
     if (several_nodes && !stopping && !forwarded && std::chrono::steady_clock::now() >= next_poll) {
       if (!failure_elsewhere(options, keys, std::chrono::milliseconds(1000)).empty()) {
         stopping = true;
-        stop_time = now_seconds();
+        stop_time = failure_time_now();
         for (int64_t j = 0; j < n; ++j)
           if (!exits[j].done) ::kill(pids[j], SIGTERM);
         stop_deadline = std::chrono::steady_clock::now() + options.grace_period();
@@ -456,7 +354,7 @@ AttemptEnd run_attempt(const MultiProcessLauncherOptions& options, const WorkerF
       int status = 0;
       const pid_t r = ::waitpid(pids[i], &status, WNOHANG);
       if (r != pids[i]) continue;
-      exits[i] = {true, status, now_seconds()};
+      exits[i] = {true, status, failure_time_now()};
       --alive;
       progressed = true;
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -472,7 +370,7 @@ AttemptEnd run_attempt(const MultiProcessLauncherOptions& options, const WorkerF
           if (!(rec.present && rec.kind == "collective")) report_failure_to_job(options, keys, what);
         }
         stopping = true;
-        stop_time = now_seconds();
+        stop_time = failure_time_now();
         for (int64_t j = 0; j < n; ++j)
           if (!exits[j].done) ::kill(pids[j], SIGTERM);
         stop_deadline = std::chrono::steady_clock::now() + options.grace_period();
@@ -613,7 +511,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   env["MASTER_PORT"] = std::to_string(options_.main_port());
   const bool several_nodes = options_.num_nodes() > 1;
   if (several_nodes) {
-    if (options_.node_rank() == 0) node_store(options_);  // serve before any worker needs it
+    detail::serve_node_store(options_);
     env[kParentStoreEnv] = "1";
   } else {
     env[kStoreEnv] = dir + "/store";
