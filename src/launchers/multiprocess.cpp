@@ -12,6 +12,7 @@
 
 #include "distributed/network.h"
 #include "distributed/tcp_store.h"
+#include "launchers/diagnose.h"
 #include "launchers/failure_store.h"
 #include "launchers/restarts.h"
 #include "launchers/worker_env.h"
@@ -81,22 +82,6 @@ void kill_and_reap(const std::vector<pid_t>& started) {
     while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
     }
   }
-}
-
-std::string signal_name(int sig) {
-  switch (sig) {
-    case SIGKILL: return "SIGKILL";
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGILL: return "SIGILL";
-    case SIGHUP: return "SIGHUP";
-    case SIGPIPE: return "SIGPIPE";
-  }
-  return "signal " + std::to_string(sig);
 }
 
 // The folder holding this process's launches: private (0700, from mkdtemp),
@@ -242,22 +227,11 @@ MultiProcessLauncher::MultiProcessLauncher(MultiProcessLauncherOptions options) 
 
 namespace {
 
-// How one attempt of a launch ended.
-struct AttemptEnd {
-  bool ok = false;
-  // The failure report (empty when ok): the root cause first.
-  std::string report;
-  int rank = 0;
-  int exit_code = 0;
-  // A stop signal was forwarded to the workers: the job is not restarted.
-  bool interrupted = false;
-};
-
 // One attempt of launch `index`: starts this node's workers with `env`,
 // supervises them until every one has exited (the first failure stops the
 // others), and explains a failure. Throws only when a worker cannot be
 // started (after killing the ones that were).
-AttemptEnd run_attempt(const MultiProcessLauncherOptions& options, const WorkerFn& fn,
+detail::FailureReport run_attempt(const MultiProcessLauncherOptions& options, const WorkerFn& fn,
                        const std::map<std::string, std::string>& env, const std::string& dir, int64_t index,
                        int64_t attempt) {
   const int64_t n = options.num_processes();
@@ -362,10 +336,9 @@ AttemptEnd run_attempt(const MultiProcessLauncherOptions& options, const WorkerF
         if (several_nodes) {
           const int64_t rank = options.node_rank() * n + i;
           const ErrorRecord rec = read_error_record(dir, rank);
-          std::string what = "worker rank " + std::to_string(rank) +
-                             (WIFSIGNALED(status) ? " was killed by " + signal_name(WTERMSIG(status))
-                                                  : " exited with code " + std::to_string(WEXITSTATUS(status)));
-          if (rec.present) what += ": " + rec.message;
+          const std::string what =
+              "worker rank " + std::to_string(rank) + " " +
+              detail::how_it_ended(detail::WorkerExit::from_wait_status(rank, status, exits[i].time), rec);
           // A collective error here is the consequence of a failure elsewhere, which that node reports.
           if (!(rec.present && rec.kind == "collective")) report_failure_to_job(options, keys, what);
         }
@@ -386,69 +359,25 @@ AttemptEnd run_attempt(const MultiProcessLauncherOptions& options, const WorkerF
   }
   runtime::clear_stop_signal();
 
-  bool all_ok = true;
-  for (const auto& e : exits) all_ok = all_ok && WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0;
-  if (all_ok) return AttemptEnd{true, "", 0, 0, false};
-
-  // Root cause: the earliest failure that is not a consequence of another
-  // (a collective error caused by a peer leaving, or a rank the parent
-  // signalled while stopping the job).
-  struct Failure {
-    int64_t rank;
-    double time;
-    int priority;  // 0 root cause, 1 consequence
-    std::string how;
-    int code;
-  };
-  std::vector<Failure> failures;
+  std::vector<detail::WorkerExit> worker_exits;
+  std::map<int64_t, ErrorRecord> records;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t rank = options.node_rank() * n + i;
-    const int status = exits[i].status;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    ErrorRecord rec = read_error_record(dir, rank);
-    Failure f{rank, rec.present ? rec.time : exits[i].time, 0, "", 1};
-    if (WIFSIGNALED(status)) {
-      const int sig = WTERMSIG(status);
-      f.how = "was killed by " + signal_name(sig);
-      f.code = 128 + sig;
-      const bool ours = sig == SIGTERM || sig == SIGKILL;
-      if (stopping && ours && exits[i].time >= stop_time) f.priority = 1;
-    } else {
-      f.code = WEXITSTATUS(status);
-      f.how = "exited with code " + std::to_string(f.code);
-      if (rec.present && rec.kind == "collective") f.priority = 1;
-    }
-    if (rec.present) f.how += ": " + rec.message;
-    failures.push_back(f);
+    worker_exits.push_back(detail::WorkerExit::from_wait_status(rank, exits[i].status, exits[i].time));
+    if (!worker_exits.back().ok()) records[rank] = read_error_record(dir, rank);
   }
-  std::sort(failures.begin(), failures.end(), [](const Failure& a, const Failure& b) {
-    return a.priority != b.priority ? a.priority < b.priority : a.time < b.time;
-  });
-  const Failure& first = failures.front();
-  if (forwarded) {
-    std::string what = "job interrupted by " + signal_name(forwarded_signal) + "; rank " + std::to_string(first.rank) +
-                       " " + first.how;
-    if (killed_after_signal) {
-      what += hurried ? "; a second signal killed the workers still running"
-                      : "; the workers still running " + std::to_string(options.stop_timeout().count()) +
-                            " ms after it (stop_timeout) were killed";
-    }
-    return AttemptEnd{false, what, static_cast<int>(first.rank), 128 + forwarded_signal, true};
-  }
-  std::ostringstream report;
-  const std::string elsewhere = several_nodes && first.priority == 1 ? failure_elsewhere(options, keys) : "";
-  if (!elsewhere.empty()) {
-    report << "node " << options.node_rank() << " stopped because the job failed on " << elsewhere << "; here ";
-  } else if (several_nodes) {
-    report << "node " << options.node_rank() << ": ";
-  }
-  report << "worker rank " << first.rank << " failed first: it " << first.how;
-  if (failures.size() > 1) {
-    report << " (then stopped: ";
-    for (size_t i = 1; i < failures.size(); ++i) report << (i > 1 ? ", " : "") << "rank " << failures[i].rank;
-    report << ")";
-  }
-  return AttemptEnd{false, report.str(), static_cast<int>(first.rank), 1, false};
+  detail::SupervisionLog log;
+  log.stopped_for_failure = stopping;
+  log.stop_time = stop_time;
+  log.forwarded_signal = forwarded ? forwarded_signal : 0;
+  log.killed_after_signal = killed_after_signal;
+  log.hurried = hurried;
+  detail::JobView job;
+  job.node_rank = options.node_rank();
+  job.several_nodes = several_nodes;
+  job.stop_timeout_ms = options.stop_timeout().count();
+  job.failure_elsewhere = [&] { return failure_elsewhere(options, keys); };
+  return detail::diagnose(worker_exits, records, log, job);
 }
 
 // Empties a launch's folder for its next attempt (error records, the file
@@ -524,7 +453,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   for (int64_t attempt = 0;; ++attempt) {
     if (attempt > 0) clear_for_restart(dir);
     env[kRestartCountEnv] = std::to_string(attempt);
-    const AttemptEnd end = run_attempt(options_, fn, env, dir, index, attempt);
+    const detail::FailureReport end = run_attempt(options_, fn, env, dir, index, attempt);
     if (end.ok) {
       if (options_.node_rank() != 0) return c10::IValue();
       return TorchCheckpointIO().load_checkpoint(dir + "/result.pt").at("result");
