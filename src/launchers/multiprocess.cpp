@@ -1,47 +1,31 @@
 // SPDX-License-Identifier: Apache-2.0
-// The multi-process launcher: fork or spawn of the workers, their environment, the job's
-// failure and signal handling, and the store across nodes. Long because starting, watching and
-// stopping workers share one process table and its signal-safe state.
+// The multi-process launcher: each launch gets a private folder and runs attempts, each of which
+// starts this node's workers (worker_start.h), supervises them and explains a failure
+// (diagnose.h); a failed attempt is started again up to max_restarts times.
 
-#include <fulgur/distributed/collectives.h>
 #include <fulgur/launchers/launcher.h>
-#include <fulgur/plugins/environments/cluster_environment.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
 
-#include <algorithm>
-
-#include "distributed/network.h"
-#include "distributed/tcp_store.h"
 #include "launchers/diagnose.h"
 #include "launchers/failure_store.h"
 #include "launchers/restarts.h"
 #include "launchers/worker_env.h"
-#include "launchers/worker_fork.h"
-#include "runtime/log.h"
+#include "launchers/worker_start.h"
 #include "runtime/env.h"
+#include "runtime/log.h"
 #include "runtime/signals.h"
-#include "runtime/text.h"
-#include "runtime/threads.h"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
-#include <fcntl.h>
 #include <signal.h>
-#include <pthread.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -54,35 +38,13 @@ namespace {
 
 using detail::kLaunchDirEnv;
 using detail::kLaunchIndexEnv;
-using detail::kParentStoreEnv;
 using detail::kRestartCountEnv;
-using detail::kStoreEnv;
 using detail::kWorkerEnv;
 using detail::ErrorRecord;
 using detail::failure_elsewhere;
 using detail::failure_time_now;
 using detail::read_error_record;
 using detail::report_failure_to_job;
-using detail::write_error_record;
-
-// Launches this process has made (parent) or seen (spawned worker replaying).
-int g_launches = 0;
-
-pid_t plain_fork(int64_t) { return ::fork(); }
-
-detail::WorkerForkFn g_worker_fork = plain_fork;
-
-// A fork failed part way through starting a launch's workers: the ones
-// already started would wait at the rendezvous for the missing ones until its
-// timeout. They have done nothing worth a grace period, so they are
-// SIGKILLed, and reaped so that no zombie is left either.
-void kill_and_reap(const std::vector<pid_t>& started) {
-  for (const pid_t pid : started) ::kill(pid, SIGKILL);
-  for (const pid_t pid : started) {
-    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-    }
-  }
-}
 
 // The folder holding this process's launches: private (0700, from mkdtemp),
 // removed when the process that made it exits normally.
@@ -112,93 +74,7 @@ const std::string& run_dir() {
   return dir->path;
 }
 
-std::vector<std::string> own_argv() {
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::vector<std::string> out;
-  std::string arg;
-  while (std::getline(in, arg, '\0')) out.push_back(arg);
-  return out;
-}
-
-[[noreturn]] void worker_exit(int code) {
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  ::_exit(code);
-}
-
-// Runs `fn` as this worker's part of a launch, reports, and exits.
-[[noreturn]] void run_worker(const WorkerFn& fn) {
-  const std::string dir = runtime::env_required(kLaunchDirEnv, "a fulgur worker");
-  const int64_t rank = LightningEnvironment().global_rank();
-  try {
-    c10::IValue result = fn();
-    if (rank == 0) {
-      Checkpoint wrapped = make_dict();
-      wrapped.insert("result", result);
-      TorchCheckpointIO().save_checkpoint(wrapped, dir + "/result.pt");
-    }
-    worker_exit(0);
-  } catch (const WorkerFailure& e) {
-    write_error_record(dir, rank, "interrupted", e.what());
-    worker_exit(e.exit_code());
-  } catch (const CollectiveError& e) {
-    // Usually the consequence of another rank's failure.
-    write_error_record(dir, rank, "collective", e.what());
-    runtime::log(runtime::LogLevel::kError, "failed: " + std::string(e.what()));
-    worker_exit(1);
-  } catch (const std::exception& e) {
-    write_error_record(dir, rank, "exception", e.what());
-    runtime::log(runtime::LogLevel::kError, "failed: " + std::string(e.what()));
-    worker_exit(1);
-  } catch (...) {
-    write_error_record(dir, rank, "exception", "unknown exception");
-    worker_exit(1);
-  }
-}
-
-// A forked worker runs on a fresh thread, not on the forked main thread.
-// GNU OpenMP keeps a thread pool per master thread, and the child inherits the
-// parent's pool without its threads: if the launching process ran a parallel
-// region before fit, the forked main thread's first parallel region waits
-// for them forever. A new thread starts a pool of its own.
-[[noreturn]] void run_forked_worker(const WorkerFn& fn, int64_t local_world_size) {
-  struct Job {
-    const WorkerFn* fn;
-    int64_t local_world_size;
-  } job{&fn, local_world_size};
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, size_t{64} << 20);  // user code may recurse deeply
-  pthread_t thread;
-  auto body = [](void* arg) -> void* {
-    auto* j = static_cast<Job*>(arg);
-    runtime::apply_thread_policy(j->local_world_size);
-    run_worker(*j->fn);  // exits the process
-  };
-  const int err = pthread_create(&thread, &attr, body, &job);
-  pthread_attr_destroy(&attr);
-  if (err != 0) {
-    runtime::log(runtime::LogLevel::kWarning, std::string("cannot start the worker thread (") + std::strerror(err) +
-                                                  "); running on the main thread");
-    runtime::apply_thread_policy(local_world_size);
-    run_worker(fn);
-  }
-  pthread_join(thread, nullptr);
-  worker_exit(1);  // not reached: run_worker exits
-}
-
 }  // namespace
-
-namespace detail {
-
-WorkerForkFn set_worker_fork(WorkerForkFn fn) {
-  WorkerForkFn previous = g_worker_fork == plain_fork ? nullptr : g_worker_fork;
-  g_worker_fork = fn ? fn : plain_fork;
-  return previous;
-}
-
-}  // namespace detail
 
 bool is_fulgur_worker() {
   return runtime::env_string(kWorkerEnv) == "1";
@@ -237,48 +113,7 @@ detail::FailureReport run_attempt(const MultiProcessLauncherOptions& options, co
   const int64_t n = options.num_processes();
   const bool several_nodes = options.num_nodes() > 1;
   const std::string keys = detail::launch_store_prefix(index, attempt);
-  const std::vector<std::string> argv = options.start_method() == "spawn" ? own_argv() : std::vector<std::string>{};
-  const pid_t parent = ::getpid();
-  std::vector<pid_t> pids(n, -1);
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  for (int64_t local = 0; local < n; ++local) {
-    const int64_t rank = options.node_rank() * n + local;
-    const pid_t pid = g_worker_fork(local);
-    if (pid < 0) {
-      const int err = errno;
-      const std::vector<pid_t> started(pids.begin(), pids.begin() + local);
-      kill_and_reap(started);
-      const std::string what = "cannot start worker rank " + std::to_string(rank) + " (local rank " +
-                               std::to_string(local) + " of " + std::to_string(n) + "): fork failed: " +
-                               std::strerror(err) + "; the " + std::to_string(local) +
-                               " worker(s) already started were killed";
-      if (several_nodes) report_failure_to_job(options, keys, "launcher " + what);
-      throw std::runtime_error("launcher: " + what);
-    }
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(1);
-      ::signal(SIGTERM, SIG_DFL);
-      ::signal(SIGINT, SIG_DFL);
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
-      if (options.start_method() == "spawn") {
-        std::vector<char*> args;
-        for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-        args.push_back(nullptr);
-        ::execv("/proc/self/exe", args.data());
-        std::fprintf(stderr, "fulgur: rank %lld: cannot re-execute the program: %s\n", static_cast<long long>(rank),
-                     std::strerror(errno));
-        ::_exit(127);
-      }
-      g_launches = static_cast<int>(index);
-      run_forked_worker(fn, n);
-    }
-    pids[local] = pid;
-  }
+  const std::vector<pid_t> pids = detail::start_workers(options, fn, env, index, keys);
 
   // Supervise: the first failure stops the others. The guard is installed
   // after the forks: a forked worker would inherit it as already installed,
@@ -380,6 +215,20 @@ detail::FailureReport run_attempt(const MultiProcessLauncherOptions& options, co
   return detail::diagnose(worker_exits, records, log, job);
 }
 
+// In a spawned worker: replays the launches its parent made before this one
+// (their results are in the launch folders), then runs its part of this one.
+c10::IValue run_spawned_worker(const MultiProcessLauncherOptions& options, const WorkerFn& fn) {
+  const int64_t index = runtime::env_int(kLaunchIndexEnv, -1);
+  if (index < 0) throw std::runtime_error(std::string("a spawned fulgur worker needs ") + kLaunchIndexEnv + ", which is not set");
+  const int64_t mine = detail::launch_count()++;
+  if (mine < index) {
+    if (options.num_nodes() > 1 && options.node_rank() != 0) return c10::IValue();  // as the parent got
+    const std::string earlier = fs::path(runtime::env_required(kLaunchDirEnv, "a spawned fulgur worker")).parent_path() / ("launch-" + std::to_string(mine)) / "result.pt";
+    return TorchCheckpointIO().load_checkpoint(earlier).at("result");
+  }
+  detail::run_worker(fn);
+}
+
 // Empties a launch's folder for its next attempt (error records, the file
 // store, a result), keeping only the record of the checkpoint folders that
 // the restarted workers resume from.
@@ -409,42 +258,14 @@ std::string attempts_report(const std::vector<std::string>& reports, bool interr
 }  // namespace
 
 c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
-  if (is_fulgur_worker()) {
-    // A spawned worker replays the launches its parent made before this one.
-    const int64_t index = runtime::env_int(kLaunchIndexEnv, -1);
-    if (index < 0) throw std::runtime_error(std::string("a spawned fulgur worker needs ") + kLaunchIndexEnv + ", which is not set");
-    const int64_t mine = g_launches++;
-    if (mine < index) {
-      if (options_.num_nodes() > 1 && options_.node_rank() != 0) return c10::IValue();  // as the parent got
-      const std::string earlier = fs::path(runtime::env_required(kLaunchDirEnv, "a spawned fulgur worker")).parent_path() / ("launch-" + std::to_string(mine)) / "result.pt";
-      return TorchCheckpointIO().load_checkpoint(earlier).at("result");
-    }
-    run_worker(fn);
-  }
+  if (is_fulgur_worker()) return run_spawned_worker(options_, fn);
   if (options_.processes_created_externally()) return fn();  // torchrun, srun, ...
 
-  const int64_t n = options_.num_processes();
-  const int64_t index = g_launches++;
+  const int64_t index = detail::launch_count()++;
   const std::string dir = run_dir() + "/launch-" + std::to_string(index);
   fs::create_directories(dir);
-  const int64_t world = n * options_.num_nodes();
-  std::map<std::string, std::string> env = runtime::thread_environment(n);
-  env[kWorkerEnv] = "1";
-  env[kLaunchDirEnv] = dir;
-  env[kLaunchIndexEnv] = std::to_string(index);
-  env["WORLD_SIZE"] = std::to_string(world);
-  env["LOCAL_WORLD_SIZE"] = std::to_string(n);
-  env["NODE_RANK"] = std::to_string(options_.node_rank());
-  env["NUM_NODES"] = std::to_string(options_.num_nodes());
-  env["MASTER_ADDR"] = options_.main_address();
-  env["MASTER_PORT"] = std::to_string(options_.main_port());
-  const bool several_nodes = options_.num_nodes() > 1;
-  if (several_nodes) {
-    detail::serve_node_store(options_);
-    env[kParentStoreEnv] = "1";
-  } else {
-    env[kStoreEnv] = dir + "/store";
-  }
+  std::map<std::string, std::string> env = detail::worker_environment(options_, dir, index);
+  if (options_.num_nodes() > 1) detail::serve_node_store(options_);  // before any worker needs it
 
   // A failed attempt is started again, up to max_restarts times, once every
   // worker of it has exited; a fit resumes from the run's last.ckpt
