@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The multi-process launcher: each launch gets a private folder and runs attempts, each of which
-// starts this node's workers (worker_start.h), supervises them and explains a failure
-// (diagnose.h); a failed attempt is started again up to max_restarts times.
+// starts this node's workers (worker_start.h), supervises them (supervisor.h) and explains a
+// failure (diagnose.h); a failed attempt is started again up to max_restarts times.
 
 #include <fulgur/launchers/launcher.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
@@ -9,27 +9,22 @@
 #include "launchers/diagnose.h"
 #include "launchers/failure_store.h"
 #include "launchers/restarts.h"
+#include "launchers/supervisor.h"
 #include "launchers/worker_env.h"
 #include "launchers/worker_start.h"
 #include "runtime/env.h"
 #include "runtime/log.h"
-#include "runtime/signals.h"
 
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <sstream>
-#include <thread>
 
 namespace fs = std::filesystem;
 
@@ -40,11 +35,6 @@ using detail::kLaunchDirEnv;
 using detail::kLaunchIndexEnv;
 using detail::kRestartCountEnv;
 using detail::kWorkerEnv;
-using detail::ErrorRecord;
-using detail::failure_elsewhere;
-using detail::failure_time_now;
-using detail::read_error_record;
-using detail::report_failure_to_job;
 
 // The folder holding this process's launches: private (0700, from mkdtemp),
 // removed when the process that made it exits normally.
@@ -108,111 +98,21 @@ namespace {
 // others), and explains a failure. Throws only when a worker cannot be
 // started (after killing the ones that were).
 detail::FailureReport run_attempt(const MultiProcessLauncherOptions& options, const WorkerFn& fn,
-                       const std::map<std::string, std::string>& env, const std::string& dir, int64_t index,
-                       int64_t attempt) {
-  const int64_t n = options.num_processes();
-  const bool several_nodes = options.num_nodes() > 1;
+                                  const std::map<std::string, std::string>& env, const std::string& dir,
+                                  int64_t index, int64_t attempt) {
   const std::string keys = detail::launch_store_prefix(index, attempt);
   const std::vector<pid_t> pids = detail::start_workers(options, fn, env, index, keys);
-
-  // Supervise: the first failure stops the others. The guard is installed
-  // after the forks: a forked worker would inherit it as already installed,
-  // and its own guard (run_in_worker) would then not install its handlers.
-  runtime::StopSignalGuard signals;
-  struct Exit {
-    bool done = false;
-    int status = 0;
-    double time = 0;
-  };
-  std::vector<Exit> exits(n);
-  int64_t alive = n;
-  bool forwarded = false;
-  bool hurried = false;
-  int forwarded_signal = 0;
-  bool killed_after_signal = false;  // SIGKILL sent to workers a stop signal did not end
-  bool stopping = false;
-  double stop_time = 0;  // when the parent began stopping the others
-  auto stop_deadline = std::chrono::steady_clock::time_point::max();
-  auto next_poll = std::chrono::steady_clock::now();
-  while (alive > 0) {
-    // Another node's failure stops this node's workers too.
-    if (several_nodes && !stopping && !forwarded && std::chrono::steady_clock::now() >= next_poll) {
-      if (!failure_elsewhere(options, keys, std::chrono::milliseconds(1000)).empty()) {
-        stopping = true;
-        stop_time = failure_time_now();
-        for (int64_t j = 0; j < n; ++j)
-          if (!exits[j].done) ::kill(pids[j], SIGTERM);
-        stop_deadline = std::chrono::steady_clock::now() + options.grace_period();
-      }
-      next_poll = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-    }
-    if (!forwarded && runtime::received_stop_signal() != 0) {
-      forwarded = true;
-      forwarded_signal = runtime::received_stop_signal();
-      for (int64_t i = 0; i < n; ++i)
-        if (!exits[i].done) ::kill(pids[i], forwarded_signal);
-      stop_deadline = std::min(stop_deadline, std::chrono::steady_clock::now() + options.stop_timeout());
-    }
-    if (forwarded && !hurried && runtime::stop_signal_count() > 1) {
-      hurried = true;  // asked twice: SIGKILL now
-      stop_deadline = std::chrono::steady_clock::now();
-    }
-    bool progressed = false;
-    for (int64_t i = 0; i < n; ++i) {
-      if (exits[i].done) continue;
-      int status = 0;
-      const pid_t r = ::waitpid(pids[i], &status, WNOHANG);
-      if (r != pids[i]) continue;
-      exits[i] = {true, status, failure_time_now()};
-      --alive;
-      progressed = true;
-      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && !stopping && !forwarded) {
-        if (several_nodes) {
-          const int64_t rank = options.node_rank() * n + i;
-          const ErrorRecord rec = read_error_record(dir, rank);
-          const std::string what =
-              "worker rank " + std::to_string(rank) + " " +
-              detail::how_it_ended(detail::WorkerExit::from_wait_status(rank, status, exits[i].time), rec);
-          // A collective error here is the consequence of a failure elsewhere, which that node reports.
-          if (!(rec.present && rec.kind == "collective")) report_failure_to_job(options, keys, what);
-        }
-        stopping = true;
-        stop_time = failure_time_now();
-        for (int64_t j = 0; j < n; ++j)
-          if (!exits[j].done) ::kill(pids[j], SIGTERM);
-        stop_deadline = std::chrono::steady_clock::now() + options.grace_period();
-      }
-    }
-    if (alive > 0 && std::chrono::steady_clock::now() >= stop_deadline) {
-      killed_after_signal = forwarded;
-      for (int64_t j = 0; j < n; ++j)
-        if (!exits[j].done) ::kill(pids[j], SIGKILL);
-      stop_deadline = std::chrono::steady_clock::time_point::max();
-    }
-    if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const detail::Supervised run = detail::supervise(options, pids, dir, keys);
+  std::map<int64_t, detail::ErrorRecord> records;
+  for (const detail::WorkerExit& e : run.exits) {
+    if (!e.ok()) records[e.rank] = detail::read_error_record(dir, e.rank);
   }
-  runtime::clear_stop_signal();
-
-  std::vector<detail::WorkerExit> worker_exits;
-  std::map<int64_t, ErrorRecord> records;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t rank = options.node_rank() * n + i;
-    worker_exits.push_back(detail::WorkerExit::from_wait_status(rank, exits[i].status, exits[i].time));
-    if (!worker_exits.back().ok()) records[rank] = read_error_record(dir, rank);
-  }
-  detail::SupervisionLog log;
-  log.stopped_for_failure = stopping;
-  log.stop_time = stop_time;
-  log.forwarded_signal = forwarded ? forwarded_signal : 0;
-  log.killed_after_signal = killed_after_signal;
-  log.hurried = hurried;
   detail::JobView job;
   job.node_rank = options.node_rank();
-  job.several_nodes = several_nodes;
+  job.several_nodes = options.num_nodes() > 1;
   job.stop_timeout_ms = options.stop_timeout().count();
-  job.failure_elsewhere = [&] { return failure_elsewhere(options, keys); };
-  return detail::diagnose(worker_exits, records, log, job);
+  job.failure_elsewhere = [&] { return detail::failure_elsewhere(options, keys); };
+  return detail::diagnose(run.exits, records, run.log, job);
 }
 
 // In a spawned worker: replays the launches its parent made before this one
