@@ -19,21 +19,8 @@ using fulgur::detail::WorkerExit;
 
 namespace {
 
-WorkerExit exited(int64_t rank, int code, double time) {
-  WorkerExit e;
-  e.rank = rank;
-  e.exit_code = code;
-  e.time = time;
-  return e;
-}
-
-WorkerExit killed(int64_t rank, int sig, double time) {
-  WorkerExit e;
-  e.rank = rank;
-  e.signal = sig;
-  e.time = time;
-  return e;
-}
+WorkerExit exited(int64_t rank, int code, double time) { return WorkerExit{rank, code, 0, time}; }
+WorkerExit killed(int64_t rank, int sig, double time) { return WorkerExit{rank, 0, sig, time}; }
 
 ErrorRecord record(const std::string& kind, const std::string& message, double time) {
   return ErrorRecord{true, time, kind, message};
