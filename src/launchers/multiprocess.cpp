@@ -14,6 +14,7 @@
 #include "launchers/worker_start.h"
 #include "runtime/env.h"
 #include "runtime/log.h"
+#include "runtime/signals.h"
 
 #include <torch/serialize.h>
 #include <torch/torch.h>
@@ -102,6 +103,8 @@ detail::FailureReport run_attempt(const MultiProcessLauncherOptions& options, co
                                   int64_t index, int64_t attempt) {
   const std::string keys = detail::launch_store_prefix(index, attempt);
   const std::vector<pid_t> pids = detail::start_workers(options, fn, env, index, keys);
+  // Installed after the forks (see supervise), and held until the attempt is explained.
+  runtime::StopSignalGuard signals;
   const detail::Supervised run = detail::supervise(options, pids, dir, keys);
   std::map<int64_t, detail::ErrorRecord> records;
   for (const detail::WorkerExit& e : run.exits) {

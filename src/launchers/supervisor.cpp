@@ -34,7 +34,6 @@ class Supervisor {
       : o_(options), pids_(pids), dir_(dir), keys_(keys), exits_(pids.size()), alive_(pids.size()) {}
 
   Supervised run() {
-    runtime::StopSignalGuard signals;
     while (alive_ > 0) {
       if (o_.num_nodes() > 1 && running()) poll_other_nodes();
       forward_stop_signals();

@@ -30,10 +30,11 @@ struct Supervised {
 };
 
 // Supervises the workers `pids` (by local rank) of the attempt whose keys in the job's store are
-// `keys` and whose folder is `dir`, until all have exited. Installs the stop-signal guard for
-// that time (after the forks: a forked worker would otherwise inherit it as already installed,
-// and its own guard would not install its handlers). With several nodes, records this node's
-// first failure in the job's store and polls it for another node's.
+// `keys` and whose folder is `dir`, until all have exited, then clears the recorded stop signal.
+// With several nodes, records this node's first failure in the job's store and polls it for
+// another node's. REQUIRES: a runtime::StopSignalGuard installed, after the forks (a forked
+// worker would otherwise inherit it as already installed, and its own guard would not install
+// its handlers).
 Supervised supervise(const MultiProcessLauncherOptions& options, const std::vector<pid_t>& pids,
                      const std::string& dir, const std::string& keys);
 
