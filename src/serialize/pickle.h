@@ -4,8 +4,9 @@
 // plain data structure: the values a pickle builds, before they become IValues. They live in one
 // arena and refer to each other by index, so that nothing recurses or frees recursively, whatever
 // the bytes nest or share.
-//   parse_pickle (unpickler.cpp): runs the pickle's opcodes, refusing any global but the known
-//     tensor, container and type-tag callables, and reads each storage from its zip record;
+//   parse_pickle (pickle_parser.h, unpickler.cpp, pickle_callables.cpp): runs the pickle's
+//     opcodes, refusing any global but the known tensor, container and type-tag callables, and
+//     reads each storage from its zip record;
 //   pickle_to_ivalue (pickle_convert.cpp): turns the values into IValues, typed by TorchScript's
 //     type tags where the pickle has them.
 
