@@ -68,6 +68,7 @@ void TrainerImpl::clip_gradients(torch::optim::Optimizer& optimizer) {
 }
 
 void TrainerImpl::step_schedulers(const std::string& interval) {
+  if (schedulers_paused) return;
   const auto& cfg = strategy->optimizer_config();
   for (size_t i = 0; i < cfg.schedulers.size(); ++i) {
     const auto& s = cfg.schedulers[i];
@@ -269,7 +270,9 @@ void TrainerImpl::fit_loop() {
     }
   }
 
-  for (auto& c : callbacks) c->on_fit_start(owner, *model);
+  // Over a copy: LearningRateFinder's on_fit_start runs steps with its test as the only
+  // callback (run_probe), which swaps this list while the loop walks it.
+  for (auto& c : std::vector<std::shared_ptr<Callback>>(callbacks)) c->on_fit_start(owner, *model);
   model->on_fit_start();
   // Where this fit's last.ckpt goes (resolved by on_fit_start), for a restart
   // of the launch to resume from.

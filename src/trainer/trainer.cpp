@@ -56,6 +56,10 @@ const std::vector<std::vector<int64_t>>& detail::TrainerRunContext::predict_batc
   return impl_.predict_batch_indices;
 }
 
+void detail::TrainerRunContext::run_probe(Callback& probe, int64_t max_steps) { impl_.run_probe(probe, max_steps); }
+
+void detail::TrainerRunContext::reconfigure_optimizers() { impl_.reconfigure_optimizers(); }
+
 // --- Trainer ---------------------------------------------------------------
 
 detail::RunContext& detail::run_context(const Trainer& trainer) { return trainer.impl_->context; }

@@ -99,6 +99,8 @@ class TrainerRunContext final : public RunContext {
   void optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure) override;
   const std::vector<at::Tensor>& predictions() const override;
   const std::vector<std::vector<int64_t>>& predict_batch_indices() const override;
+  void run_probe(Callback& probe, int64_t max_steps) override;
+  void reconfigure_optimizers() override;
 
  private:
   TrainerImpl& impl_;
@@ -135,6 +137,10 @@ struct TrainerImpl {
   void log(const std::string& name, const at::Tensor& value, const LogOptions& options);
   // A step of manual optimization (LightningOptimizer::step), counted in global_step.
   void manual_optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure);
+  // RunContext::run_probe and reconfigure_optimizers (probe.cpp).
+  void run_probe(Callback& probe, int64_t max_steps);
+  void probe_epochs(int64_t max_steps);
+  void reconfigure_optimizers();
   // Why fit_loop ended normally: max_steps, EarlyStopping (its metric and
   // value), should_stop, max_epochs.
   std::string fit_stop_reason() const;
@@ -194,6 +200,8 @@ struct TrainerImpl {
   bool stop_agreed = false;
   bool launched_once = false;
   bool in_training_step = false;
+  // While run_probe runs: the module's schedulers take no step (they are made anew after it).
+  bool schedulers_paused = false;
   int64_t num_training_batches = 0;
   int64_t num_val_batches = 0;  // per validation run of fit, after limits; 0 without a val loader
   int64_t accumulated = 0;  // micro-batches since the last optimizer step
