@@ -13,7 +13,12 @@
 //   void neg(LoweringContext& cx, const Node* n) {
 //     cx.set(n, 0, cx.unary("stablehlo.negate", cx.as(cx.in(n, 0), cx.out_dtype(n))));
 //   }
-//   void add_elementwise_rules(RuleTable& table) { table.add("aten::neg", neg); }
+//   void add_elementwise_rules(RuleTable& table) {
+//     table.add("aten::neg", neg, "XlaOps.UnaryMathAndItsBackwards");
+//   }
+// The third column names the per-op test against eager (tests/xla_rules/test_<family>.cpp) that
+// covers the kind: the rule-table test fails for a row whose test does not exist, and
+// fulgur-xla-ops lists the rows (fulgur::xla::lowered_ops()).
 
 #include "xla/stablehlo/builder.h"
 #include "xla/stablehlo/emitter.h"
@@ -98,17 +103,33 @@ class LoweringContext : public Builder {
 
 using Rule = void (*)(LoweringContext& cx, const Node* n);
 
+// One row of the table: an op kind, its rule, the family that registered it ("elementwise") and
+// its per-op test ("XlaOps.UnaryMathAndItsBackwards").
+struct RuleRow {
+  std::string kind;
+  Rule rule;
+  std::string family;
+  std::string test;
+};
+
 class RuleTable {
  public:
-  // Registers `rule` for `kind` ("aten::tanh"). Throws std::logic_error if `kind` has one.
-  void add(const std::string& kind, Rule rule);
+  // The family that the rows added from now on belong to (rules() sets it before each
+  // add_<family>_rules).
+  void begin_family(const std::string& family) { family_ = family; }
+  // Registers `rule` for `kind` ("aten::tanh"), covered by per-op test `test` ("Suite.Name").
+  // Throws std::logic_error if `kind` has one, or for an empty test name.
+  void add(const std::string& kind, Rule rule, const std::string& test);
   // The rule of `kind`, or nullptr.
   Rule find(const std::string& kind) const;
   // Every kind with a rule, sorted.
   std::vector<std::string> kinds() const;
+  // Every row, sorted by kind.
+  std::vector<RuleRow> rows() const;
 
  private:
-  std::unordered_map<std::string, Rule> rules_;
+  std::unordered_map<std::string, RuleRow> rules_;
+  std::string family_;
 };
 
 // The families' registrations, one file each under rules/.

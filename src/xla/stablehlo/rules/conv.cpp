@@ -112,25 +112,99 @@ std::vector<Operand> host_call(LoweringContext& cx, const char* target, const st
   return cx.op_n("stablehlo.custom_call", args, results, attrs, "");
 }
 
+// grad_output convolved back onto an input of `in_dims`: grad dilated by the stride and padded,
+// convolved with the kernel `w` reversed in space (`w`'s first dim contracted with grad's
+// features, its second giving the result's; `groups` feature groups). A convolution's input
+// gradient, and a transposed convolution's forward.
+Operand input_gradient(LoweringContext& cx, const Operand& grad, const Operand& w, const Dims& in_dims,
+                       const Dims& stride, const Dims& padding, const Dims& dilation, int64_t groups) {
+  const size_t spatial = in_dims.size() - 2;
+  Dims spatial_dims;
+  for (size_t i = 0; i < spatial; ++i) spatial_dims.push_back(static_cast<int64_t>(i + 2));
+  std::vector<std::pair<int64_t, int64_t>> pads;
+  for (size_t i = 0; i < spatial; ++i) {
+    const int64_t extent = dilation[i] * (w.dims[i + 2] - 1);
+    const int64_t lo = extent - padding[i];
+    const int64_t hi = in_dims[i + 2] - 1 - (grad.dims[i + 2] - 1) * stride[i] - lo + extent;
+    pads.emplace_back(lo, hi);
+  }
+  const Operand flipped = cx.op("stablehlo.reverse", {w}, w.dims, w.dtype, "dimensions = " + i64_array(spatial_dims));
+  const std::string layout = conv_layout("b", "f", spatial) + "x" + conv_layout("i", "o", spatial) + "->" +
+                             conv_layout("b", "f", spatial);
+  return conv(cx, grad, flipped, layout, in_dims, Dims(spatial, 1), pads, stride, dilation, groups);
+}
+
+// The weight gradient of a convolution of `x` that made `grad`: x convolved with grad over the
+// batch (batch and features exchanged), [grad's features, x's features, kernel...].
+Operand weight_gradient(LoweringContext& cx, const Operand& x, const Operand& grad, const Dims& w_dims,
+                        const Dims& stride, const Dims& padding, const Dims& dilation) {
+  const size_t spatial = x.dims.size() - 2;
+  std::vector<std::pair<int64_t, int64_t>> pads;
+  for (size_t i = 0; i < spatial; ++i) {
+    const int64_t hi =
+        (w_dims[i + 2] - 1) * dilation[i] + (grad.dims[i + 2] - 1) * stride[i] + 1 - x.dims[i + 2] - padding[i];
+    pads.emplace_back(padding[i], hi);
+  }
+  const std::string layout = conv_layout("f", "b", spatial) + "x" + conv_layout("i", "o", spatial) + "->" +
+                             conv_layout("f", "b", spatial);
+  return conv(cx, x, grad, layout, w_dims, dilation, pads, Dims(spatial, 1), stride, 1);
+}
+
+// A plain convolution in PyTorch's NCHW / OIHW layout (XLA's layout assignment moves the
+// features minor for Eigen by itself).
+Operand forward_conv(LoweringContext& cx, const Operand& x, const Operand& w, const Dims& dims, const Dims& stride,
+                     const Dims& padding, const Dims& dilation, int64_t groups) {
+  const size_t spatial = x.dims.size() - 2;
+  std::vector<std::pair<int64_t, int64_t>> pads;
+  for (int64_t p : padding) pads.emplace_back(p, p);
+  const std::string layout = conv_layout("b", "f", spatial) + "x" + conv_layout("o", "i", spatial) + "->" +
+                             conv_layout("b", "f", spatial);
+  return conv(cx, x, w, layout, dims, stride, pads, Dims(spatial, 1), dilation, groups);
+}
+
+// A transposed convolution (nn::ConvTranspose2d) is the input gradient of the convolution it
+// transposes: `x` dilated by the stride (lhs_dilation), padded by dilation * (k - 1) - padding
+// on each side plus output_padding on the high side, convolved with the kernel reversed. Its
+// weight is [in, out / groups, k...]; with groups it is regrouped to [in / groups, out, k...]
+// (feature_group_count takes the groups' input features side by side).
+Operand transposed_conv(LoweringContext& cx, const Operand& x, const Operand& w, const Dims& dims, const Dims& stride,
+                        const Dims& padding, const Dims& dilation, int64_t groups) {
+  if (groups == 1) return input_gradient(cx, x, w, dims, stride, padding, dilation, 1);
+  const size_t spatial = x.dims.size() - 2;
+  const int64_t in = w.dims[0], out = w.dims[1];
+  Dims split = {groups, in / groups, out}, moved = {in / groups, groups, out}, regrouped = {in / groups, groups * out};
+  Dims order = {1, 0, 2};
+  for (size_t i = 0; i < spatial; ++i) {
+    split.push_back(w.dims[i + 2]);
+    moved.push_back(w.dims[i + 2]);
+    regrouped.push_back(w.dims[i + 2]);
+    order.push_back(static_cast<int64_t>(i + 3));
+  }
+  const Operand moved_kernel =
+      cx.op("stablehlo.transpose", {cx.reshape(w, split)}, moved, w.dtype, "permutation = " + i64_array(order));
+  const Operand kernel = cx.reshape(moved_kernel, regrouped);
+  return input_gradient(cx, x, kernel, dims, stride, padding, dilation, groups);
+}
+
 // (input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
 //
 // A convolution of one input feature (the MNIST CNN's first) is written as a shifted sum
 // (conv_as_shifted_sum) when it has groups 1, at most kMaxShiftedSumTaps taps and a float32 or
 // float64 result: XLA:CPU runs a stablehlo.convolution as Eigen's spatial convolution, whose
 // contraction over 1 x 5 x 5 values per output is 4-5x slower than the shifted sum's one fused
-// loop on the CNN's conv1 (bench/history/libtorch-1.13.md, `xla_op_bench`). Other convolutions are one
-// stablehlo.convolution in PyTorch's NCHW / OIHW layout (XLA's layout assignment moves the
-// features minor for Eigen by itself).
+// loop on the CNN's conv1 (bench/history/libtorch-1.13.md, `xla_op_bench`). Other convolutions
+// are one stablehlo.convolution (forward_conv, transposed_conv); a transposed one is never a host
+// kernel's (those take plain convolutions).
 void convolution(LoweringContext& cx, const Node* n) {
   const c10::ScalarType t = cx.out_dtype(n);
   const Operand x = cx.as(cx.in(n, 0), t), w = cx.as(cx.in(n, 1), t);
   const size_t spatial = x.dims.size() - 2;
-  if (cx.bool_arg(n, 6, "transposed")) throw Unsupported{"transposed"};
+  const bool transposed = cx.bool_arg(n, 6, "transposed");
   const Dims stride = cx.spatial_arg(n, 3, "stride", spatial, {1});
   const Dims padding = cx.spatial_arg(n, 4, "padding", spatial, {0}),
              dilation = cx.spatial_arg(n, 5, "dilation", spatial, {1});
   const int64_t groups = cx.int_arg(n, 8, "groups");
-  if (host_convolution(cx, t)) {
+  if (host_convolution(cx, t) && !transposed) {
     std::vector<Operand> args{x, w};
     if (!cx.none_arg(n, 2)) args.push_back(cx.as(cx.in(n, 2), t));
     const auto outs =
@@ -141,14 +215,12 @@ void convolution(LoweringContext& cx, const Node* n) {
   int64_t taps = 1;
   for (size_t i = 0; i < spatial; ++i) taps *= w.dims[i + 2];
   Operand out;
-  if (x.dims[1] == 1 && groups == 1 && taps <= kMaxShiftedSumTaps && (t == c10::kFloat || t == c10::kDouble)) {
+  if (transposed) {
+    out = transposed_conv(cx, x, w, cx.out_dims(n), stride, padding, dilation, groups);
+  } else if (x.dims[1] == 1 && groups == 1 && taps <= kMaxShiftedSumTaps && (t == c10::kFloat || t == c10::kDouble)) {
     out = conv_as_shifted_sum(cx, x, w, cx.out_dims(n), stride, padding, dilation);
   } else {
-    std::vector<std::pair<int64_t, int64_t>> pads;
-    for (int64_t p : padding) pads.emplace_back(p, p);
-    const std::string layout = conv_layout("b", "f", spatial) + "x" + conv_layout("o", "i", spatial) + "->" +
-                               conv_layout("b", "f", spatial);
-    out = conv(cx, x, w, layout, cx.out_dims(n), stride, pads, Dims(spatial, 1), dilation, groups);
+    out = forward_conv(cx, x, w, cx.out_dims(n), stride, padding, dilation, groups);
   }
   if (!cx.none_arg(n, 2))
     out = cx.add(out, cx.op("stablehlo.broadcast_in_dim", {cx.as(cx.in(n, 2), t)}, out.dims, t,
@@ -159,14 +231,17 @@ void convolution(LoweringContext& cx, const Node* n) {
 // (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
 // groups, output_mask) -> (grad_input, grad_weight, grad_bias), as JAX differentiates a
 // convolution: grad_input is grad_output dilated by the stride, convolved with the kernel
-// reversed in space and its feature dims swapped; grad_weight convolves the input with
-// grad_output over the batch (batch and features exchanged); grad_bias sums grad_output over all
-// but its features. Outputs the mask leaves undefined must be unused.
+// reversed in space and its feature dims swapped (input_gradient); grad_weight convolves the
+// input with grad_output over the batch (weight_gradient); grad_bias sums grad_output over all
+// but its features. A transposed convolution's are the same with the roles exchanged: its
+// grad_input is grad_output convolved with the weight (a plain convolution), its grad_weight
+// the weight gradient of that convolution of grad_output. Outputs the mask leaves undefined
+// must be unused.
 void convolution_backward(LoweringContext& cx, const Node* n) {
   const c10::ScalarType t = cx.out_dtype(n, 1);
   const Operand grad = cx.as(cx.in(n, 0), t), x = cx.as(cx.in(n, 1), t), w = cx.as(cx.in(n, 2), t);
   const size_t spatial = x.dims.size() - 2;
-  if (cx.bool_arg(n, 7, "transposed")) throw Unsupported{"transposed"};
+  const bool transposed = cx.bool_arg(n, 7, "transposed");
   if (cx.int_arg(n, 9, "groups") != 1) throw Unsupported{"groups " + std::to_string(cx.int_arg(n, 9, "groups"))};
   const Dims stride = cx.spatial_arg(n, 4, "stride", spatial, {1});
   const Dims padding = cx.spatial_arg(n, 5, "padding", spatial, {0}),
@@ -174,7 +249,7 @@ void convolution_backward(LoweringContext& cx, const Node* n) {
   const std::vector<bool> mask = cx.constant(n, 10, "output_mask").toBoolList().vec();
   for (size_t i = 0; i < 3; ++i)
     if (!mask.at(i) && cx.used(n->output(i))) throw Unsupported{"a use of undefined output " + std::to_string(i)};
-  if (host_convolution(cx, t)) {
+  if (host_convolution(cx, t) && !transposed) {
     std::vector<std::pair<Dims, c10::ScalarType>> results;
     for (size_t i = 0; i < 3; ++i)
       if (mask[i]) results.emplace_back(cx.out_dims(n, i), t);
@@ -185,35 +260,15 @@ void convolution_backward(LoweringContext& cx, const Node* n) {
       if (mask[i]) cx.set(n, i, outs[j++]);
     return;
   }
-  Dims spatial_dims;
-  for (size_t i = 0; i < spatial; ++i) spatial_dims.push_back(static_cast<int64_t>(i + 2));
-  if (mask[0]) {
-    std::vector<std::pair<int64_t, int64_t>> pads;
-    for (size_t i = 0; i < spatial; ++i) {
-      const int64_t extent = dilation[i] * (w.dims[i + 2] - 1);
-      const int64_t lo = extent - padding[i];
-      const int64_t hi = x.dims[i + 2] - 1 - (grad.dims[i + 2] - 1) * stride[i] - lo + extent;
-      pads.emplace_back(lo, hi);
-    }
-    const Operand flipped = cx.op("stablehlo.reverse", {w}, w.dims, t, "dimensions = " + i64_array(spatial_dims));
-    const std::string layout = conv_layout("b", "f", spatial) + "x" + conv_layout("i", "o", spatial) + "->" +
-                               conv_layout("b", "f", spatial);
-    cx.set(n, 0, conv(cx, grad, flipped, layout, x.dims, Dims(spatial, 1), pads, stride, dilation, 1));
-  }
-  if (mask[1]) {
-    std::vector<std::pair<int64_t, int64_t>> pads;
-    for (size_t i = 0; i < spatial; ++i) {
-      const int64_t hi = (w.dims[i + 2] - 1) * dilation[i] + (grad.dims[i + 2] - 1) * stride[i] + 1 - x.dims[i + 2] -
-                         padding[i];
-      pads.emplace_back(padding[i], hi);
-    }
-    const std::string layout = conv_layout("f", "b", spatial) + "x" + conv_layout("i", "o", spatial) + "->" +
-                               conv_layout("f", "b", spatial);
-    cx.set(n, 1, conv(cx, x, grad, layout, w.dims, dilation, pads, Dims(spatial, 1), stride, 1));
-  }
+  if (mask[0])
+    cx.set(n, 0, transposed ? forward_conv(cx, grad, w, x.dims, stride, padding, dilation, 1)
+                            : input_gradient(cx, grad, w, x.dims, stride, padding, dilation, 1));
+  if (mask[1])
+    cx.set(n, 1, transposed ? weight_gradient(cx, grad, x, w.dims, stride, padding, dilation)
+                            : weight_gradient(cx, x, grad, w.dims, stride, padding, dilation));
   if (mask[2]) {
     Dims dims = {0};
-    for (int64_t d : spatial_dims) dims.push_back(d);
+    for (size_t i = 0; i < spatial; ++i) dims.push_back(static_cast<int64_t>(i + 2));
     // Summed in float32 for 16-bit floats, as at::sum.
     const Operand sum = cx.reduce(cx.as(grad, accumulation_type(t)), dims, "stablehlo.add", 0);
     cx.set(n, 2, cx.reshape(cx.as(sum, cx.out_dtype(n, 2)), cx.out_dims(n, 2)));
@@ -223,8 +278,8 @@ void convolution_backward(LoweringContext& cx, const Node* n) {
 }  // namespace
 
 void add_conv_rules(RuleTable& table) {
-  table.add("aten::convolution", convolution);
-  table.add("aten::convolution_backward", convolution_backward);
+  table.add("aten::convolution", convolution, "StableHlo.ConvolutionAndItsBackward");
+  table.add("aten::convolution_backward", convolution_backward, "StableHlo.ConvolutionAndItsBackward");
 }
 
 }  // namespace fulgur::xla::stablehlo

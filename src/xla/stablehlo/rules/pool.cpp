@@ -427,13 +427,16 @@ void adaptive_avg_pool2d_backward(LoweringContext& cx, const Node* n) {
 }  // namespace
 
 void add_pool_rules(RuleTable& table) {
-  table.add("aten::max_pool2d_with_indices", max_pool2d_with_indices);
-  table.add("aten::max_pool2d_with_indices_backward", max_pool2d_with_indices_backward);
-  table.add("aten::threshold_backward", threshold_backward);
-  table.add("aten::avg_pool2d", avg_pool2d);
-  table.add("aten::avg_pool2d_backward", avg_pool2d_backward);
-  table.add("aten::_adaptive_avg_pool2d", adaptive_avg_pool2d);
-  table.add("aten::_adaptive_avg_pool2d_backward", adaptive_avg_pool2d_backward);
+  table.add("aten::max_pool2d_with_indices", max_pool2d_with_indices, "StableHlo.MaxPoolWithIndicesAndItsBackward");
+  table.add("aten::max_pool2d_with_indices_backward", max_pool2d_with_indices_backward,
+            "StableHlo.MaxPoolWithIndicesAndItsBackward");
+  table.add("aten::threshold_backward", threshold_backward,
+            "StableHlo.AThresholdBeforeATiledMaxPoolIsAppliedAtThePoolsSize");
+  table.add("aten::avg_pool2d", avg_pool2d, "XlaOps.AveragePoolsAndTheirBackwards");
+  table.add("aten::avg_pool2d_backward", avg_pool2d_backward, "XlaOps.AveragePoolsAndTheirBackwards");
+  table.add("aten::_adaptive_avg_pool2d", adaptive_avg_pool2d, "XlaOps.AveragePoolsAndTheirBackwards");
+  table.add("aten::_adaptive_avg_pool2d_backward", adaptive_avg_pool2d_backward,
+            "XlaOps.AveragePoolsAndTheirBackwards");
 }
 
 }  // namespace fulgur::xla::stablehlo

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Reduction rules: sum and mean, vector norms, max and min (whole, or along a dim with indices),
-// and topk (a sort along a dim).
+// topk (a sort along a dim), and all and any of a whole tensor.
 // 16-bit floats accumulate in float32 and round once, as libtorch's kernels do.
 
 #include "xla/stablehlo/lowering.h"
@@ -203,15 +203,31 @@ void topk(LoweringContext& cx, const Node* n) {
 }
 void min(LoweringContext& cx, const Node* n) { extreme(cx, n, false); }
 
+// all(self) and any(self): whether every (some) element is nonzero, a 0-d bool (uint8 for a uint8
+// input, as libtorch gives it); true (false) for an empty input.
+void all_or_any(LoweringContext& cx, const Node* n, bool all) {
+  const Operand x = cx.materialized(cx.in(n, 0));
+  const Operand nonzero = cx.compare("NE", x, number(0), x.dtype);
+  Dims dims;
+  for (size_t d = 0; d < x.dims.size(); ++d) dims.push_back(static_cast<int64_t>(d));
+  const Operand r = cx.reduce(nonzero, dims, all ? "stablehlo.and" : "stablehlo.or", all);
+  cx.set(n, 0, cx.as(r, cx.out_dtype(n)));
+}
+
+void all(LoweringContext& cx, const Node* n) { all_or_any(cx, n, true); }
+void any(LoweringContext& cx, const Node* n) { all_or_any(cx, n, false); }
+
 }  // namespace
 
 void add_reduce_rules(RuleTable& table) {
-  table.add("aten::sum", sum);
-  table.add("aten::mean", mean);
-  table.add("aten::norm", norm);
-  table.add("aten::max", max);
-  table.add("aten::min", min);
-  table.add("aten::topk", topk);
+  table.add("aten::sum", sum, "StableHlo.ReductionsComparisonsReluAndThresholdBackward");
+  table.add("aten::mean", mean, "StableHlo.ReductionsComparisonsReluAndThresholdBackward");
+  table.add("aten::norm", norm, "XlaOps.NormOfEveryOrderAndItsBackward");
+  table.add("aten::max", max, "XlaOps.MaxAndMinWithIndicesTiesAndNan");
+  table.add("aten::min", min, "XlaOps.MaxAndMinWithIndicesTiesAndNan");
+  table.add("aten::topk", topk, "XlaOps.TopkLargestAndSmallestAlongEachDim");
+  table.add("aten::all", all, "XlaOps.AllAnyAndEqual");
+  table.add("aten::any", any, "XlaOps.AllAnyAndEqual");
 }
 
 }  // namespace fulgur::xla::stablehlo
