@@ -125,9 +125,10 @@ TEST(StableHlo, AHostKernelsErrorFailsTheExecutionWithItsMessage) {
   EXPECT_TRUE(torch::equal(pjrt::to_tensor(pjrt::to_device(client, torch::ones({2}))), torch::ones({2})));
 }
 
-// A convolution of one input feature with at most 25 kernel taps (float32/float64, groups 1) is
-// written as a sum of shifted windows times the taps, not as a stablehlo.convolution (XLA:CPU's
-// Eigen convolution is slow there, bench/RESULTS.md); others stay one stablehlo.convolution.
+// With EmitOptions::xla_cpu (platform rule shifted_sum_convolution), a convolution of one input
+// feature with at most 25 kernel taps (float32/float64, groups 1) is written as a sum of shifted
+// windows times the taps, not as a stablehlo.convolution (XLA:CPU's Eigen convolution is slow
+// there, bench/RESULTS.md); others stay one stablehlo.convolution, as every one does without it.
 // float32 within 1e-5 relative + 1e-5 absolute (sums of up to 25 products of values of std
 // about 1, added in tap order, where oneDNN may fuse multiply-adds: 2e-6 seen), float64 1e-12.
 TEST(StableHlo, ConvolutionOfOneInputFeatureIsASumOfShiftedWindows) {
@@ -149,6 +150,8 @@ graph(%x : Tensor, %w : Tensor, %b : Tensor):
     bool shifted_sum;
   };
   torch::manual_seed(16);
+  fulgur::xla::stablehlo::EmitOptions xla_cpu;  // a platform rule of the CPU plugin
+  xla_cpu.xla_cpu = true;
   for (const Case& c : {// the MNIST CNN's conv1, its batch of 64
                         Case{{64, 1, 28, 28}, {16, 1, 5, 5}, "1, 1", "2, 2", "1, 1", true},
                         Case{{3, 1, 11, 9}, {4, 1, 3, 2}, "2, 3", "1, 0", "2, 1", true},
@@ -167,13 +170,15 @@ graph(%x : Tensor, %w : Tensor, %b : Tensor):
                               " padding " + c.padding + " dilation " + c.dilation;
     SCOPED_TRACE(label);
     const std::vector<torch::Tensor> inputs = {torch::randn(c.x), torch::randn(c.w), torch::randn({c.w[0]})};
-    check(text, {inputs[0], inputs[1], inputs[2]}, label, {1e-5, 1e-5});
+    check(text, {inputs[0], inputs[1], inputs[2]}, label, {1e-5, 1e-5}, xla_cpu);
     check(text, {inputs[0].to(torch::kDouble), inputs[1].to(torch::kDouble), inputs[2].to(torch::kDouble)},
-          label + ", float64", {1e-12, 1e-12});
+          label + ", float64", {1e-12, 1e-12}, xla_cpu);
     const auto graph = parse(text);
     run_eager_and_type(*graph, {inputs[0], inputs[1], inputs[2]});
-    const std::string module = emit_stablehlo(*graph).module;
+    const std::string module = emit_stablehlo(*graph, xla_cpu).module;
     EXPECT_EQ(module.find("stablehlo.convolution") == std::string::npos, c.shifted_sum) << module;
+    // The generic rule: one stablehlo.convolution.
+    EXPECT_NE(emit_stablehlo(*graph).module.find("stablehlo.convolution"), std::string::npos);
   }
 }
 

@@ -75,6 +75,11 @@ graph(%x : Tensor, %g : Tensor):
   return (%y, %i, %gx)
 )IR";
   torch::manual_seed(15);
+  fulgur::xla::stablehlo::EmitOptions xla_cpu;
+  xla_cpu.xla_cpu = true;
+  // The generic rule and platform xla_cpu's packed float32 form.
+  const std::vector<std::pair<std::string, fulgur::xla::stablehlo::EmitOptions>> forms = {{"generic", {}},
+                                                                                        {"xla_cpu", xla_cpu}};
   // flag: the windows overlap (they keep the scatter; the others are a select).
   for (const PoolCase& c : {PoolCase{{4, 16, 28, 28}, "2, 2", "", "0, 0", {4, 16, 14, 14}, false},
                             PoolCase{{2, 3, 7, 9}, "3, 2", "2, 2", "1, 1", {2, 3, 4, 5}, true},
@@ -83,32 +88,37 @@ graph(%x : Tensor, %g : Tensor):
                             PoolCase{{2, 3, 7, 9}, "2, 3", "2, 3", "1, 1", {2, 3, 4, 3}, false},
                             PoolCase{{3, 8, 7}, "3, 3", "3, 3", "0, 0", {3, 2, 2}, false},
                             PoolCase{{2, 2, 12, 10}, "4, 5", "4, 5", "0, 0", {2, 2, 3, 2}, false}}) {
-    const auto [text, label] = pool_text(ir, c);
-    check(text, {torch::randn(c.x), torch::randn(c.y)}, label);
-    // Ties (values from a few levels): each window's first maximum, as libtorch picks it.
-    check(text, {torch::randint(3, c.x).to(torch::kFloat), torch::randn(c.y)}, label + ", ties");
-    // Windows of -inf alone: the index of the first element.
-    check(text, {torch::where(torch::rand(c.x) < 0.7, -std::numeric_limits<float>::infinity(), torch::randn(c.x)),
-                 torch::randn(c.y)},
-          label + ", -inf");
-    // Zeros of either sign (-0.0 and 0.0 tie): the first.
-    check(text, {torch::where(torch::rand(c.x) < 0.5, -0.0f, 0.0f) * (torch::rand(c.x) < 0.8).to(torch::kFloat),
-                 torch::randn(c.y)},
-          label + ", signed zeros");
-    check(text, {torch::randint(3, c.x, torch::kDouble), torch::randn(c.y, torch::kDouble)}, label + ", float64 ties");
-    // NaNs of either sign, often several in a window: a NaN wins, of several the last.
-    for (auto dtype : {torch::kFloat, torch::kDouble}) {
-      const auto nan = torch::full(c.x, std::numeric_limits<double>::quiet_NaN(), dtype);
-      const auto x = torch::where(torch::rand(c.x) < 0.3, torch::where(torch::rand(c.x) < 0.5, nan, -nan),
-                                  torch::randn(c.x, dtype));
-      check(text, {x, torch::randn(c.y, dtype)}, label + ", NaN " + c10::toString(dtype));
+    const auto [text, with_window] = pool_text(ir, c);
+    for (const auto& [form, options] : forms) {
+      const std::string label = with_window + ", " + form;
+      check(text, {torch::randn(c.x), torch::randn(c.y)}, label, {}, options);
+      // Ties (values from a few levels): each window's first maximum, as libtorch picks it.
+      check(text, {torch::randint(3, c.x).to(torch::kFloat), torch::randn(c.y)}, label + ", ties", {}, options);
+      // Windows of -inf alone: the index of the first element.
+      check(text, {torch::where(torch::rand(c.x) < 0.7, -std::numeric_limits<float>::infinity(), torch::randn(c.x)),
+                   torch::randn(c.y)},
+            label + ", -inf", {}, options);
+      // Zeros of either sign (-0.0 and 0.0 tie): the first.
+      check(text, {torch::where(torch::rand(c.x) < 0.5, -0.0f, 0.0f) * (torch::rand(c.x) < 0.8).to(torch::kFloat),
+                   torch::randn(c.y)},
+            label + ", signed zeros", {}, options);
+      check(text, {torch::randint(3, c.x, torch::kDouble), torch::randn(c.y, torch::kDouble)}, label + ", float64 ties",
+            {}, options);
+      // NaNs of either sign, often several in a window: a NaN wins, of several the last.
+      for (auto dtype : {torch::kFloat, torch::kDouble}) {
+        const auto nan = torch::full(c.x, std::numeric_limits<double>::quiet_NaN(), dtype);
+        const auto x = torch::where(torch::rand(c.x) < 0.3, torch::where(torch::rand(c.x) < 0.5, nan, -nan),
+                                    torch::randn(c.x, dtype));
+        check(text, {x, torch::randn(c.y, dtype)}, label + ", NaN " + c10::toString(dtype), {}, options);
+      }
+      const auto graph = parse(text);
+      run_eager_and_type(*graph, {torch::randn(c.x), torch::randn(c.y)});
+      const std::string module = emit_stablehlo(*graph, options).module;
+      EXPECT_EQ(module.find("stablehlo.scatter") != std::string::npos, c.flag) << module;
+      // XLA:CPU's form packs a float32 value and its index into one int64 for one reduce_window of
+      // one result; the generic form reduces both in one variadic reduce_window.
+      EXPECT_EQ(module.find("\"stablehlo.shift_left\"") != std::string::npos, options.xla_cpu) << module;
     }
-    const auto graph = parse(text);
-    run_eager_and_type(*graph, {torch::randn(c.x), torch::randn(c.y)});
-    const std::string module = emit_stablehlo(*graph).module;
-    EXPECT_EQ(module.find("stablehlo.scatter") != std::string::npos, c.flag) << module;
-    // Float32 packs value and index into one int64 for one reduce_window of one result.
-    EXPECT_NE(module.find("\"stablehlo.shift_left\""), std::string::npos) << module;
   }
 }
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The StableHLO emitter's driver; see emitter.h. Emitter::run walks the graph: it finds the live
 // nodes, reports the kinds without a rule, gives the graph's inputs their parameters, calls each
-// live node's lowering rule (the rule table of the op families in rules/, lowering.h) and writes
+// live node's lowering rule (the rule table of the op families in rules/, lowering.h: the first
+// platform rule of the options' platforms that takes the node, else the generic rule) and writes
 // @main with its results and aliases.
 
 #include "xla/stablehlo/emitter.h"
@@ -105,7 +106,11 @@ Emission Emitter::run() {
       continue;
     }
     try {
-      rules().find(n->kind().toQualString())(*this, n);
+      const char* kind = n->kind().toQualString();
+      bool lowered = false;
+      for (const PlatformVariant& v : rules().platform_rules(kind))
+        if (!lowered && platform_on(options_, v.platform)) lowered = v.rule(*this, n);
+      if (!lowered) rules().find(kind)(*this, n);
     } catch (const Unsupported& u) {
       record(std::string(n->kind().toQualString()) + " (" + u.what + ")");
       for (const Value* v : n->outputs()) poisoned.insert(v);

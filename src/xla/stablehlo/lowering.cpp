@@ -121,6 +121,25 @@ std::vector<RuleRow> RuleTable::rows() const {
   return out;
 }
 
+bool platform_on(const EmitOptions& options, Platform platform) {
+  switch (platform) {
+    case Platform::host_kernels: return options.host_convolutions;
+    case Platform::xla_cpu: return options.xla_cpu;
+  }
+  return false;
+}
+
+void RuleTable::add_platform(const std::string& kind, Platform platform, PlatformRule rule) {
+  if (!rules_.count(kind)) throw std::logic_error("a platform rule for " + kind + ", which has no generic rule");
+  platform_rules_[kind].push_back({platform, rule});
+}
+
+const std::vector<PlatformVariant>& RuleTable::platform_rules(const std::string& kind) const {
+  static const std::vector<PlatformVariant> none;
+  const auto it = platform_rules_.find(kind);
+  return it == platform_rules_.end() ? none : it->second;
+}
+
 const RuleTable& rules() {
   static const RuleTable table = [] {
     const std::pair<const char*, void (*)(RuleTable&)> families[] = {

@@ -6,8 +6,10 @@
 // output its value with cx.set(n, i, value) (checked against the type the graph declares). It
 // throws Unsupported for an argument it does not handle (the graph then falls back, the reason
 // recorded). Each op family registers its rules in its own file, src/xla/stablehlo/rules/
-// <family>.cpp, with add_<family>_rules(table); rules() holds every family's. The emitter's driver
-// (emitter.cpp) walks the graph and calls the rule of each live node. Private to the emitter.
+// <family>.cpp, with add_<family>_rules(table); rules() holds every family's. A kind may also
+// have platform rules (add_platform): variants for one plugin, chosen by EmitOptions, tried
+// before the generic rule, instead of ifs inside it. The emitter's driver (emitter.cpp) walks the
+// graph and calls the rules of each live node. Private to the emitter.
 //
 // Example (a rule and its row, as rules/elementwise.cpp writes neg):
 //   void neg(LoweringContext& cx, const Node* n) {
@@ -112,6 +114,25 @@ struct RuleRow {
   std::string test;
 };
 
+// The plugins with variants of some rules (JAX's lowerings registered for one platform), each
+// on when the EmitOptions flag beside it is.
+enum class Platform {
+  host_kernels,  // EmitOptions::host_convolutions: libtorch's kernels as custom calls
+  xla_cpu,       // EmitOptions::xla_cpu: forms XLA:CPU runs faster than the generic ones
+};
+
+// Whether `options` turn on the rules of `platform`.
+bool platform_on(const EmitOptions& options, Platform platform);
+
+// A platform rule: lowers `n` as a rule does and returns true, or returns false, having written
+// nothing, for a node it does not take (the kind's generic rule then lowers it).
+using PlatformRule = bool (*)(LoweringContext& cx, const Node* n);
+
+struct PlatformVariant {
+  Platform platform;
+  PlatformRule rule;
+};
+
 class RuleTable {
  public:
   // The family that the rows added from now on belong to (rules() sets it before each
@@ -126,9 +147,16 @@ class RuleTable {
   std::vector<std::string> kinds() const;
   // Every row, sorted by kind.
   std::vector<RuleRow> rows() const;
+  // Registers a platform variant of `kind`'s rule, tried (in the order added) before the
+  // generic rule when `platform` is on. Throws std::logic_error if `kind` has no generic rule
+  // yet (every kind lowers on every platform).
+  void add_platform(const std::string& kind, Platform platform, PlatformRule rule);
+  // The platform variants of `kind`, in the order added (empty for most kinds).
+  const std::vector<PlatformVariant>& platform_rules(const std::string& kind) const;
 
  private:
   std::unordered_map<std::string, RuleRow> rules_;
+  std::unordered_map<std::string, std::vector<PlatformVariant>> platform_rules_;
   std::string family_;
 };
 

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Convolution rules: convolution and convolution_backward. On a plugin with libtorch's kernels
-// registered (EmitOptions::host_convolutions, the CPU plugin) float32 and float64 convolutions
-// and their gradients are custom calls of those kernels (xla/host_kernels.h); otherwise one
-// stablehlo.convolution each, or a sum of shifted windows for a convolution of one input feature.
+// Convolution rules: convolution and convolution_backward, plain and transposed, as
+// stablehlo.convolution ops (the generic rules), and two platform rules of the CPU plugin:
+// host_kernels (EmitOptions::host_convolutions) makes float32 and float64 plain convolutions and
+// their gradients custom calls of libtorch's kernels (xla/host_kernels.h); xla_cpu
+// (EmitOptions::xla_cpu) writes a convolution of one input feature as a sum of shifted windows.
 
 #include "xla/stablehlo/lowering.h"
 
@@ -10,12 +11,6 @@
 
 namespace fulgur::xla::stablehlo {
 namespace {
-
-// Whether convolutions of `t` call libtorch's kernels: EmitOptions::host_convolutions, float32
-// and float64 only.
-bool host_convolution(const LoweringContext& cx, c10::ScalarType t) {
-  return cx.options().host_convolutions && (t == c10::kFloat || t == c10::kDouble);
-}
 
 // "[b, f, 0, 1]"-style layouts: `first`, `second`, then the spatial dims.
 std::string conv_layout(const char* first, const char* second, size_t spatial) {
@@ -186,46 +181,88 @@ Operand transposed_conv(LoweringContext& cx, const Operand& x, const Operand& w,
   return input_gradient(cx, x, kernel, dims, stride, padding, dilation, groups);
 }
 
-// (input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
-//
-// A convolution of one input feature (the MNIST CNN's first) is written as a shifted sum
-// (conv_as_shifted_sum) when it has groups 1, at most kMaxShiftedSumTaps taps and a float32 or
-// float64 result: XLA:CPU runs a stablehlo.convolution as Eigen's spatial convolution, whose
-// contraction over 1 x 5 x 5 values per output is 4-5x slower than the shifted sum's one fused
-// loop on the CNN's conv1 (bench/history/libtorch-1.13.md, `xla_op_bench`). Other convolutions
-// are one stablehlo.convolution (forward_conv, transposed_conv); a transposed one is never a host
-// kernel's (those take plain convolutions).
+// The window arguments of a convolution node whose input is argument `input` and whose stride
+// is argument `first`: (stride, padding, dilation, transposed, output_padding, groups) from there.
+struct Window {
+  size_t spatial;
+  Dims stride, padding, dilation;
+  bool transposed;
+  int64_t groups;
+};
+
+Window window_of(const LoweringContext& cx, const Node* n, size_t input, size_t first) {
+  Window w;
+  w.spatial = cx.in(n, input).dims.size() - 2;
+  w.stride = cx.spatial_arg(n, first, "stride", w.spatial, {1});
+  w.padding = cx.spatial_arg(n, first + 1, "padding", w.spatial, {0});
+  w.dilation = cx.spatial_arg(n, first + 2, "dilation", w.spatial, {1});
+  w.transposed = cx.bool_arg(n, first + 3, "transposed");
+  w.groups = cx.int_arg(n, first + 5, "groups");
+  return w;
+}
+
+bool float32_or_64(c10::ScalarType t) { return t == c10::kFloat || t == c10::kDouble; }
+
+// `out` plus the bias of a convolution node (argument 2), if it has one.
+Operand with_bias(LoweringContext& cx, const Node* n, const Operand& out) {
+  if (cx.none_arg(n, 2)) return out;
+  return cx.add(out, cx.op("stablehlo.broadcast_in_dim", {cx.as(cx.in(n, 2), out.dtype)}, out.dims, out.dtype,
+                           "broadcast_dimensions = array<i64: 1>"));
+}
+
+// (input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups): one
+// stablehlo.convolution in PyTorch's NCHW / OIHW layout (forward_conv, transposed_conv), plus
+// the bias.
 void convolution(LoweringContext& cx, const Node* n) {
   const c10::ScalarType t = cx.out_dtype(n);
   const Operand x = cx.as(cx.in(n, 0), t), w = cx.as(cx.in(n, 1), t);
-  const size_t spatial = x.dims.size() - 2;
-  const bool transposed = cx.bool_arg(n, 6, "transposed");
-  const Dims stride = cx.spatial_arg(n, 3, "stride", spatial, {1});
-  const Dims padding = cx.spatial_arg(n, 4, "padding", spatial, {0}),
-             dilation = cx.spatial_arg(n, 5, "dilation", spatial, {1});
-  const int64_t groups = cx.int_arg(n, 8, "groups");
-  if (host_convolution(cx, t) && !transposed) {
-    std::vector<Operand> args{x, w};
-    if (!cx.none_arg(n, 2)) args.push_back(cx.as(cx.in(n, 2), t));
-    const auto outs =
-        host_call(cx, host_kernels::kConvolution, args, {{cx.out_dims(n), t}}, stride, padding, dilation, groups, "");
-    cx.set(n, 0, outs[0]);
-    return;
-  }
+  const Window win = window_of(cx, n, 0, 3);
+  const Operand out =
+      win.transposed ? transposed_conv(cx, x, w, cx.out_dims(n), win.stride, win.padding, win.dilation, win.groups)
+                     : forward_conv(cx, x, w, cx.out_dims(n), win.stride, win.padding, win.dilation, win.groups);
+  cx.set(n, 0, with_bias(cx, n, out));
+}
+
+// Platform host_kernels: a float32 or float64 plain convolution as a custom call of libtorch's
+// kernel (transposed ones are left to the generic rule).
+bool host_convolution(LoweringContext& cx, const Node* n) {
+  const c10::ScalarType t = cx.out_dtype(n);
+  const Window win = window_of(cx, n, 0, 3);
+  if (!float32_or_64(t) || win.transposed) return false;
+  std::vector<Operand> args{cx.as(cx.in(n, 0), t), cx.as(cx.in(n, 1), t)};
+  if (!cx.none_arg(n, 2)) args.push_back(cx.as(cx.in(n, 2), t));
+  cx.set(n, 0, host_call(cx, host_kernels::kConvolution, args, {{cx.out_dims(n), t}}, win.stride, win.padding,
+                         win.dilation, win.groups, "")[0]);
+  return true;
+}
+
+// Platform xla_cpu: a convolution of one input feature (the MNIST CNN's first) with groups 1, at
+// most kMaxShiftedSumTaps taps and a float32 or float64 result as a shifted sum
+// (conv_as_shifted_sum): XLA:CPU runs a stablehlo.convolution as Eigen's spatial convolution,
+// whose contraction over 1 x 5 x 5 values per output is 4-5x slower than the shifted sum's one
+// fused loop on the CNN's conv1 (bench/history/libtorch-1.13.md, `xla_op_bench`).
+bool shifted_sum_convolution(LoweringContext& cx, const Node* n) {
+  const c10::ScalarType t = cx.out_dtype(n);
+  const Window win = window_of(cx, n, 0, 3);
+  const Dims& x_dims = cx.in(n, 0).dims;
+  const Dims& w_dims = cx.in(n, 1).dims;
   int64_t taps = 1;
-  for (size_t i = 0; i < spatial; ++i) taps *= w.dims[i + 2];
-  Operand out;
-  if (transposed) {
-    out = transposed_conv(cx, x, w, cx.out_dims(n), stride, padding, dilation, groups);
-  } else if (x.dims[1] == 1 && groups == 1 && taps <= kMaxShiftedSumTaps && (t == c10::kFloat || t == c10::kDouble)) {
-    out = conv_as_shifted_sum(cx, x, w, cx.out_dims(n), stride, padding, dilation);
-  } else {
-    out = forward_conv(cx, x, w, cx.out_dims(n), stride, padding, dilation, groups);
-  }
-  if (!cx.none_arg(n, 2))
-    out = cx.add(out, cx.op("stablehlo.broadcast_in_dim", {cx.as(cx.in(n, 2), t)}, out.dims, t,
-                            "broadcast_dimensions = array<i64: 1>"));
-  cx.set(n, 0, out);
+  for (size_t i = 0; i < win.spatial; ++i) taps *= w_dims[i + 2];
+  if (win.transposed || x_dims[1] != 1 || win.groups != 1 || taps > kMaxShiftedSumTaps || !float32_or_64(t))
+    return false;
+  const Operand out = conv_as_shifted_sum(cx, cx.as(cx.in(n, 0), t), cx.as(cx.in(n, 1), t), cx.out_dims(n), win.stride,
+                                          win.padding, win.dilation);
+  cx.set(n, 0, with_bias(cx, n, out));
+  return true;
+}
+
+// The output mask of a convolution_backward node; Unsupported where an output it leaves
+// undefined is used.
+std::vector<bool> output_mask(const LoweringContext& cx, const Node* n) {
+  const std::vector<bool> mask = cx.constant(n, 10, "output_mask").toBoolList().vec();
+  for (size_t i = 0; i < 3; ++i)
+    if (!mask.at(i) && cx.used(n->output(i))) throw Unsupported{"a use of undefined output " + std::to_string(i)};
+  return mask;
 }
 
 // (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
@@ -240,39 +277,41 @@ void convolution(LoweringContext& cx, const Node* n) {
 void convolution_backward(LoweringContext& cx, const Node* n) {
   const c10::ScalarType t = cx.out_dtype(n, 1);
   const Operand grad = cx.as(cx.in(n, 0), t), x = cx.as(cx.in(n, 1), t), w = cx.as(cx.in(n, 2), t);
-  const size_t spatial = x.dims.size() - 2;
-  const bool transposed = cx.bool_arg(n, 7, "transposed");
-  if (cx.int_arg(n, 9, "groups") != 1) throw Unsupported{"groups " + std::to_string(cx.int_arg(n, 9, "groups"))};
-  const Dims stride = cx.spatial_arg(n, 4, "stride", spatial, {1});
-  const Dims padding = cx.spatial_arg(n, 5, "padding", spatial, {0}),
-             dilation = cx.spatial_arg(n, 6, "dilation", spatial, {1});
-  const std::vector<bool> mask = cx.constant(n, 10, "output_mask").toBoolList().vec();
-  for (size_t i = 0; i < 3; ++i)
-    if (!mask.at(i) && cx.used(n->output(i))) throw Unsupported{"a use of undefined output " + std::to_string(i)};
-  if (host_convolution(cx, t) && !transposed) {
-    std::vector<std::pair<Dims, c10::ScalarType>> results;
-    for (size_t i = 0; i < 3; ++i)
-      if (mask[i]) results.emplace_back(cx.out_dims(n, i), t);
-    const Dims flags{int64_t{mask[0]}, int64_t{mask[1]}, int64_t{mask[2]}};
-    const auto outs = host_call(cx, host_kernels::kConvolutionBackward, {grad, x, w}, results, stride, padding, dilation,
-                                1, "output_mask = " + i64_array(flags) + ", ");
-    for (size_t i = 0, j = 0; i < 3; ++i)
-      if (mask[i]) cx.set(n, i, outs[j++]);
-    return;
-  }
+  const Window win = window_of(cx, n, 1, 4);
+  if (win.groups != 1) throw Unsupported{"groups " + std::to_string(win.groups)};
+  const std::vector<bool> mask = output_mask(cx, n);
   if (mask[0])
-    cx.set(n, 0, transposed ? forward_conv(cx, grad, w, x.dims, stride, padding, dilation, 1)
-                            : input_gradient(cx, grad, w, x.dims, stride, padding, dilation, 1));
+    cx.set(n, 0, win.transposed ? forward_conv(cx, grad, w, x.dims, win.stride, win.padding, win.dilation, 1)
+                                : input_gradient(cx, grad, w, x.dims, win.stride, win.padding, win.dilation, 1));
   if (mask[1])
-    cx.set(n, 1, transposed ? weight_gradient(cx, grad, x, w.dims, stride, padding, dilation)
-                            : weight_gradient(cx, x, grad, w.dims, stride, padding, dilation));
+    cx.set(n, 1, win.transposed ? weight_gradient(cx, grad, x, w.dims, win.stride, win.padding, win.dilation)
+                                : weight_gradient(cx, x, grad, w.dims, win.stride, win.padding, win.dilation));
   if (mask[2]) {
     Dims dims = {0};
-    for (size_t i = 0; i < spatial; ++i) dims.push_back(static_cast<int64_t>(i + 2));
+    for (size_t i = 0; i < win.spatial; ++i) dims.push_back(static_cast<int64_t>(i + 2));
     // Summed in float32 for 16-bit floats, as at::sum.
     const Operand sum = cx.reduce(cx.as(grad, accumulation_type(t)), dims, "stablehlo.add", 0);
     cx.set(n, 2, cx.reshape(cx.as(sum, cx.out_dtype(n, 2)), cx.out_dims(n, 2)));
   }
+}
+
+// Platform host_kernels: the gradients of a float32 or float64 plain convolution of groups 1 as
+// one custom call of libtorch's kernel, the outputs the mask asks for.
+bool host_convolution_backward(LoweringContext& cx, const Node* n) {
+  const c10::ScalarType t = cx.out_dtype(n, 1);
+  const Window win = window_of(cx, n, 1, 4);
+  if (!float32_or_64(t) || win.transposed || win.groups != 1) return false;
+  const std::vector<bool> mask = output_mask(cx, n);
+  std::vector<std::pair<Dims, c10::ScalarType>> results;
+  for (size_t i = 0; i < 3; ++i)
+    if (mask[i]) results.emplace_back(cx.out_dims(n, i), t);
+  const Dims flags{int64_t{mask[0]}, int64_t{mask[1]}, int64_t{mask[2]}};
+  const auto outs = host_call(cx, host_kernels::kConvolutionBackward,
+                              {cx.as(cx.in(n, 0), t), cx.as(cx.in(n, 1), t), cx.as(cx.in(n, 2), t)}, results,
+                              win.stride, win.padding, win.dilation, 1, "output_mask = " + i64_array(flags) + ", ");
+  for (size_t i = 0, j = 0; i < 3; ++i)
+    if (mask[i]) cx.set(n, i, outs[j++]);
+  return true;
 }
 
 }  // namespace
@@ -280,6 +319,9 @@ void convolution_backward(LoweringContext& cx, const Node* n) {
 void add_conv_rules(RuleTable& table) {
   table.add("aten::convolution", convolution, "StableHlo.ConvolutionAndItsBackward");
   table.add("aten::convolution_backward", convolution_backward, "StableHlo.ConvolutionAndItsBackward");
+  table.add_platform("aten::convolution", Platform::host_kernels, host_convolution);
+  table.add_platform("aten::convolution_backward", Platform::host_kernels, host_convolution_backward);
+  table.add_platform("aten::convolution", Platform::xla_cpu, shifted_sum_convolution);
 }
 
 }  // namespace fulgur::xla::stablehlo
