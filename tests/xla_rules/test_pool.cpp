@@ -123,8 +123,8 @@ graph(%x : Tensor, %g : Tensor):
 }
 
 // A ReLU (or any threshold) before a max pool: threshold_backward(max_pool_backward(g, x), x, t).
-// For pools whose windows do not overlap the emitter thresholds g against the pooled maxima
-// before the pool's backward, at the pool's output size; the results must be libtorch's exactly,
+// For pools whose windows do not overlap the emitter's graph pass (passes.h) thresholds g against
+// the pooled maxima before the pool's backward, at the pool's output size; the results must be libtorch's exactly,
 // ties, zeros of both signs, NaN and values at the threshold included.
 TEST(StableHlo, AThresholdBeforeATiledMaxPoolIsAppliedAtThePoolsSize) {
   const std::string ir = R"IR(
@@ -166,6 +166,12 @@ graph(%x : Tensor, %g : Tensor, %t : float):
     const auto graph = parse(text);
     run_eager_and_type(*graph, {torch::randn(c.x), torch::randn(c.y), 0.0});
     const std::string module = emit_stablehlo(*graph).module;
+    // The pass rewrote a copy: the caller's graph (which may still run on TorchScript) keeps
+    // both thresholds where they were.
+    int64_t thresholds = 0;
+    for (const torch::jit::Node* n : graph->nodes())
+      thresholds += n->kind() == c10::Symbol::fromQualString("aten::threshold_backward");
+    EXPECT_EQ(thresholds, 2);
     // The threshold on the ReLU's output compares at the pool's size when the windows do not
     // overlap, at the input's otherwise; the one on %x (no pool between) at the input's always.
     auto compares_at = [&](const std::vector<int64_t>& dims) {

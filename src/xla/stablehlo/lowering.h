@@ -70,13 +70,6 @@ class LoweringContext : public Builder {
   // rule made from one (aten::IntImplicit of a constant tensor). Unsupported otherwise.
   c10::Scalar known_number(const Node* n, size_t i, const char* what) const;
 
-  // The value a rule gave `v` so far, or nullptr (a rule reading what another op made, such as
-  // the pooled maxima of the threshold-before-pool rewrite, rules/pool.cpp).
-  const Operand* value(const Value* v) const {
-    const auto it = values_.find(v);
-    return it == values_.end() ? nullptr : &it->second;
-  }
-
   // `v` is `updated` for the rest of the graph: an op wrote it in place (the TorchScript graph
   // writes into the tensor). A graph input so updated becomes an extra result of @main
   // (Emission::updated_inputs).

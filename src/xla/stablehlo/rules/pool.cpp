@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Pooling rules over the last two dims of a [N, C, H, W] or [C, H, W] input: max_pool2d with
-// indices (generic, and the packed float32 form of platform xla_cpu) and its backward, with the
-// threshold-before-pool rewrite of threshold_backward (ReLU's backward), and avg_pool2d and
-// _adaptive_avg_pool2d with their backwards (sums in float32 for 16-bit floats, each result
-// rounded once). Upsampling is in upsample.cpp. Longer than 450 lines: max pool's two forms, its
-// backward and the rewrite share the window and plane-index helpers, which a split would export.
+// indices (generic, and the packed float32 form of platform xla_cpu) and its backward,
+// threshold_backward (ReLU's backward), and avg_pool2d and _adaptive_avg_pool2d with their
+// backwards (sums in float32 for 16-bit floats, each result rounded once). Upsampling is in
+// upsample.cpp.
 
 #include "xla/stablehlo/lowering.h"
 
@@ -228,39 +227,10 @@ void max_pool2d_with_indices_backward(LoweringContext& cx, const Node* n) {
   cx.set(n, 0, cx.reshape(flat, dims));
 }
 
-// A ReLU before a max pool (the MNIST CNN's conv -> relu -> pool) has the backward
-// threshold_backward(max_pool2d_with_indices_backward(g, x, ...), x, threshold): the pool's
-// backward puts each g at its window's maximum, then the threshold zeroes the elements of x at or
-// below it. When the windows do not overlap each element of x gets at most one g, from the window
-// whose maximum it is, and there x equals that window's pooled value (the pool's output 0). So the
-// threshold can be applied to g against the pooled values first, at a quarter of the size, and
-// the result is the same element for element. What it saves: the unfused form reads x again, and
-// XLA recomputes x there when x is its own elementwise work (the CNN's conv1 on XLA's own
-// convolutions, a sum of 25 shifted windows, once more per step; bench/history/libtorch-1.13.md).
-std::optional<Operand> threshold_before_pool_backward(LoweringContext& cx, const Node* n) {
-  static const c10::Symbol kPool = c10::Symbol::fromQualString("aten::max_pool2d_with_indices");
-  static const c10::Symbol kPoolBackward = c10::Symbol::fromQualString("aten::max_pool2d_with_indices_backward");
-  const Node* backward = n->input(0)->node();
-  if (backward->kind() != kPoolBackward || backward->input(1) != n->input(1) || !windows_tile(cx, backward))
-    return std::nullopt;
-  const Value* indices = backward->input(7);
-  const Node* pool = indices->node();
-  if (pool->kind() != kPool || pool->output(1) != indices || pool->input(0) != n->input(1)) return std::nullopt;
-  const Operand* pooled = cx.value(pool->output(0));
-  if (!pooled) return std::nullopt;
-  const c10::ScalarType t = cx.out_dtype(n);
-  const Operand below = cx.compare("LE", (*pooled), cx.in(n, 2), (*pooled).dtype);
-  const Operand g = cx.select(below, cx.splat(0, {}, t), cx.as(cx.in(backward, 0), t));
-  return tiled_pool_backward(cx, backward, g);
-}
-
-// (grad, self, threshold) -> self <= threshold ? 0 : grad (ReLU's backward), or the
-// threshold-before-pool rewrite above when grad is a tiled max pool's backward of self.
+// (grad, self, threshold) -> self <= threshold ? 0 : grad (ReLU's backward). Before a tiled max
+// pool's backward, the graph pass move_thresholds_before_tiled_pools (passes.h) has made it a
+// threshold of grad against the pooled maxima, at the pool's output size.
 void threshold_backward(LoweringContext& cx, const Node* n) {
-  if (std::optional<Operand> r = threshold_before_pool_backward(cx, n)) {
-    cx.set(n, 0, std::move(*r));
-    return;
-  }
   const c10::ScalarType t = cx.out_dtype(n);
   const Operand& self = cx.in(n, 1);
   const Operand below = cx.compare("LE", self, cx.in(n, 2), self.dtype);
