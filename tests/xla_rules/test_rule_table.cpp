@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -57,8 +58,8 @@ TEST(XlaOps, EveryRuleOfTheTableHasAPerOpTest) {
                                              "reduce", "shape", "softmax_loss", "upsample"}));
 }
 
-// fulgur-xla-ops prints a header, one line per row of the table (kind, family, test, in kind
-// order) and a count; --family keeps one family's rows; an unknown family is an error naming
+// fulgur-xla-ops prints a header, one line per row of the table (kind, family, test, platform
+// variants or "-", in kind order) and a count; --family keeps one family's rows; an unknown family is an error naming
 // the known ones.
 TEST(XlaOps, TheToolListsEveryRuleWithItsFamilyAndTest) {
   const std::vector<fulgur::xla::LoweredOp> ops = fulgur::xla::lowered_ops();
@@ -78,17 +79,25 @@ TEST(XlaOps, TheToolListsEveryRuleWithItsFamilyAndTest) {
   ASSERT_EQ(lines.size(), ops.size() + 2) << out;
   EXPECT_EQ(lines.front().substr(0, 4), "KIND");
   for (size_t i = 0; i < ops.size(); ++i) {
-    char kind[256], family[256], test[256];
-    ASSERT_EQ(std::sscanf(lines[i + 1].c_str(), "%255s %255s %255s", kind, family, test), 3) << lines[i + 1];
+    char kind[256], family[256], test[256], platforms[256];
+    ASSERT_EQ(std::sscanf(lines[i + 1].c_str(), "%255s %255s %255s %255s", kind, family, test, platforms), 4)
+        << lines[i + 1];
     EXPECT_EQ(kind, ops[i].kind);
     EXPECT_EQ(family, ops[i].family);
     EXPECT_EQ(test, ops[i].test);
+    std::string want = ops[i].platforms.empty() ? "-" : "";
+    for (const auto& p : ops[i].platforms) want += (want.empty() ? "" : ",") + p;
+    EXPECT_EQ(platforms, want);
   }
   EXPECT_EQ(lines.back(), std::to_string(ops.size()) + " op kinds in 12 rule families");
 
   const auto [conv, conv_status] = run(tool + " --family conv");
   EXPECT_EQ(conv_status, 0);
   EXPECT_NE(conv.find("aten::convolution_backward"), std::string::npos) << conv;
+  // The convolution's platform rules: libtorch's kernels, then XLA:CPU's shifted sum.
+  EXPECT_TRUE(std::regex_search(
+      conv, std::regex("\naten::convolution +conv +StableHlo\\.ConvolutionAndItsBackward +host_kernels,xla_cpu\n")))
+      << conv;
   EXPECT_EQ(conv.find("aten::tanh"), std::string::npos) << conv;
   EXPECT_NE(conv.find("\n2 op kinds in 1 rule families\n"), std::string::npos) << conv;
 

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // fulgur-xla-ops: lists every op kind the `xla` device compiles to StableHLO, with its rule
-// family and its per-op test against eager libtorch (fulgur::xla::lowered_ops(), the rule
-// table's own rows, so the listing is the table). A kind not listed falls back to the
-// TorchScript interpreter.
+// family, its per-op test against eager libtorch and the platforms with a variant of its rule
+// (fulgur::xla::lowered_ops(), the rule table's own rows, so the listing is the table). A kind
+// not listed falls back to the TorchScript interpreter.
 //
 // Usage: fulgur-xla-ops [--family NAME]
 //   --family NAME   only the kinds of rule family NAME (elementwise, conv, ...)
@@ -19,7 +19,8 @@ namespace {
 
 int usage(std::FILE* out, int code) {
   std::fprintf(out, "usage: fulgur-xla-ops [--family NAME]\n"
-                    "Lists every op kind the xla device lowers to StableHLO: kind, rule family, per-op test.\n");
+                    "Lists every op kind the xla device lowers to StableHLO: kind, rule family, per-op test,\n"
+                    "platform variants of the rule.\n");
   return code;
 }
 
@@ -46,18 +47,23 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fulgur-xla-ops: no rule family '%s' (the families: %s)\n", family.c_str(), known.c_str());
     return 2;
   }
-  size_t kind_width = 4, family_width = 6;
+  size_t kind_width = 4, family_width = 6, test_width = 4;
   for (const auto& op : ops) {
     kind_width = std::max(kind_width, op.kind.size());
     family_width = std::max(family_width, op.family.size());
+    test_width = std::max(test_width, op.test.size());
   }
-  std::printf("%-*s  %-*s  %s\n", static_cast<int>(kind_width), "KIND", static_cast<int>(family_width), "FAMILY",
-              "TEST");
+  auto row = [&](const std::string& kind, const std::string& f, const std::string& test, const std::string& platforms) {
+    std::printf("%-*s  %-*s  %-*s  %s\n", static_cast<int>(kind_width), kind.c_str(), static_cast<int>(family_width),
+                f.c_str(), static_cast<int>(test_width), test.c_str(), platforms.c_str());
+  };
+  row("KIND", "FAMILY", "TEST", "PLATFORMS");
   size_t listed = 0;
   for (const auto& op : ops) {
     if (!family.empty() && op.family != family) continue;
-    std::printf("%-*s  %-*s  %s\n", static_cast<int>(kind_width), op.kind.c_str(), static_cast<int>(family_width),
-                op.family.c_str(), op.test.c_str());
+    std::string platforms;
+    for (const auto& p : op.platforms) platforms += (platforms.empty() ? "" : ",") + p;
+    row(op.kind, op.family, op.test, platforms.empty() ? "-" : platforms);
     ++listed;
   }
   std::printf("%zu op kinds in %zu rule families\n", listed, family.empty() ? families.size() : size_t{1});

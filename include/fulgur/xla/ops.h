@@ -21,6 +21,9 @@ struct LoweredOp {
   std::string kind;    // "aten::convolution"
   std::string family;  // "conv"
   std::string test;    // "StableHlo.ConvolutionAndItsBackward": gtest's Suite.Name in test_xla_rules
+  // The platforms with a variant of the rule, tried before it where the plugin is theirs
+  // ("host_kernels", "xla_cpu"); empty for most kinds.
+  std::vector<std::string> platforms;
 };
 
 // Every lowered op kind, sorted by kind.

@@ -166,7 +166,12 @@ namespace fulgur::xla {
 
 std::vector<LoweredOp> lowered_ops() {
   std::vector<LoweredOp> out;
-  for (const stablehlo::RuleRow& row : stablehlo::rules().rows()) out.push_back({row.kind, row.family, row.test});
+  for (const stablehlo::RuleRow& row : stablehlo::rules().rows()) {
+    LoweredOp op{row.kind, row.family, row.test, {}};
+    for (const stablehlo::PlatformVariant& v : stablehlo::rules().platform_rules(row.kind))
+      op.platforms.push_back(v.platform == stablehlo::Platform::host_kernels ? "host_kernels" : "xla_cpu");
+    out.push_back(std::move(op));
+  }
   return out;
 }
 
