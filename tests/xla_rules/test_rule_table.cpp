@@ -4,9 +4,12 @@
 
 #include "support.h"
 
+#include <fulgur/version.h>
 #include <fulgur/xla/ops.h>
 
 #include <gtest/gtest.h>
+
+#include <sys/wait.h>
 
 #include <cstdio>
 #include <regex>
@@ -59,8 +62,9 @@ TEST(XlaOps, EveryRuleOfTheTableHasAPerOpTest) {
 }
 
 // fulgur-xla-ops prints a header, one line per row of the table (kind, family, test, platform
-// variants or "-", in kind order) and a count; --family keeps one family's rows; an unknown family is an error naming
-// the known ones.
+// variants or "-", in kind order) and a count; --family keeps one family's rows; an unknown
+// family is an error naming the known ones; --version says fulgur's; an unknown argument exits
+// with 2.
 TEST(XlaOps, TheToolListsEveryRuleWithItsFamilyAndTest) {
   const std::vector<fulgur::xla::LoweredOp> ops = fulgur::xla::lowered_ops();
   const std::string tool = fulgur::testing::program("fulgur-xla-ops");
@@ -100,6 +104,11 @@ TEST(XlaOps, TheToolListsEveryRuleWithItsFamilyAndTest) {
       << conv;
   EXPECT_EQ(conv.find("aten::tanh"), std::string::npos) << conv;
   EXPECT_NE(conv.find("\n2 op kinds in 1 rule families\n"), std::string::npos) << conv;
+
+  EXPECT_EQ(run(tool + " --version").first, "fulgur-xla-ops (fulgur " + fulgur::version() + ")\n");
+  const auto [junk, junk_status] = run(tool + " --families 2>&1");
+  EXPECT_EQ(WEXITSTATUS(junk_status), 2);
+  EXPECT_NE(junk.find("unknown argument '--families'"), std::string::npos) << junk;
 
   const auto [bad, bad_status] = run(tool + " --family convolutions 2>&1");
   EXPECT_NE(bad_status, 0);

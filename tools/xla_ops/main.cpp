@@ -4,9 +4,11 @@
 // (fulgur::xla::lowered_ops(), the rule table's own rows, so the listing is the table). A kind
 // not listed falls back to the TorchScript interpreter.
 //
-// Usage: fulgur-xla-ops [--family NAME]
+// Usage: fulgur-xla-ops [--family NAME] [--version]
 //   --family NAME   only the kinds of rule family NAME (elementwise, conv, ...)
+// A usage error exits with 2, as fulgur's other programs.
 
+#include <fulgur/version.h>
 #include <fulgur/xla/ops.h>
 
 #include <algorithm>
@@ -18,7 +20,7 @@
 namespace {
 
 int usage(std::FILE* out, int code) {
-  std::fprintf(out, "usage: fulgur-xla-ops [--family NAME]\n"
+  std::fprintf(out, "usage: fulgur-xla-ops [--family NAME] [--version]\n"
                     "Lists every op kind the xla device lowers to StableHLO: kind, rule family, per-op test,\n"
                     "platform variants of the rule.\n");
   return code;
@@ -31,6 +33,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") return usage(stdout, 0);
+    if (arg == "--version") {
+      std::printf("fulgur-xla-ops (fulgur %s)\n", fulgur::version().c_str());
+      return 0;
+    }
     if (arg == "--family" && i + 1 < argc) {
       family = argv[++i];
       continue;
