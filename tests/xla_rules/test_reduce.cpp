@@ -70,7 +70,7 @@ TEST(XlaOps, NormOfEveryOrderAndItsBackward) {
 // indices (the first of ties, the first NaN: metrics take an argmax so, since libtorch's lazy
 // core has no node for argmax), in float32, bfloat16 and int64, keepdim both ways; min along a
 // dim of bool and of the lowest int64 (min.dim has no lazy node: fulgur's Lazy kernel takes max
-// of the values reversed).
+// of the values reversed); uint8, int8, int16 and int32.
 TEST(XlaOps, MaxAndMinWithIndicesTiesAndNan) {
   torch::manual_seed(13);
   Options o;
@@ -98,6 +98,14 @@ TEST(XlaOps, MaxAndMinWithIndicesTiesAndNan) {
   }
   check_op("min of bool along a dim", [](const auto& v) { return std::get<1>(v[0].min(1)); },
            {torch::tensor({{true, false, false}, {true, true, true}})}, o);
+  // Integer types narrower than int64 (the reductions start from their own limits).
+  for (auto dtype : {torch::kUInt8, torch::kInt8, torch::kInt16, torch::kInt32}) {
+    const auto x = torch::tensor({{3, 0, 7}, {127, 5, 5}}).to(dtype);
+    check_op("max of all " + c10::str(dtype), [](const auto& v) { return v[0].max(); }, {x}, o);
+    check_op("min of all " + c10::str(dtype), [](const auto& v) { return v[0].min(); }, {x}, o);
+    check_op("max along dim 1 " + c10::str(dtype), [](const auto& v) { return std::get<1>(v[0].max(1)); }, {x}, o);
+    check_op("min along dim 0 " + c10::str(dtype), [](const auto& v) { return std::get<0>(v[0].min(0)); }, {x}, o);
+  }
   check_op("min of the lowest int64", [](const auto& v) { return std::get<0>(v[0].min(0)); },
            {torch::tensor({std::numeric_limits<int64_t>::min(), int64_t{0}, std::numeric_limits<int64_t>::max()})}, o);
   check_op("argmax of logits, as a metric", [](const auto& v) { return std::get<1>(v[0].max(1)) == v[1]; },

@@ -105,6 +105,21 @@ std::string arg_region(LoweringContext& cx, c10::ScalarType t, const char* direc
          l + ") -> " + l + "\n      \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + v + ", " + l + ") -> ()\n    }";
 }
 
+// The lowest (`lowest`) or the largest value of integer type `t`: the identity of max (min),
+// written in `t` itself (a narrower type cannot hold int64's).
+c10::Scalar integer_limit(c10::ScalarType t, bool lowest) {
+  switch (t) {
+    case c10::kByte: return lowest ? int64_t{0} : int64_t{std::numeric_limits<uint8_t>::max()};
+    case c10::kChar:
+      return int64_t{lowest ? std::numeric_limits<int8_t>::lowest() : std::numeric_limits<int8_t>::max()};
+    case c10::kShort:
+      return int64_t{lowest ? std::numeric_limits<int16_t>::lowest() : std::numeric_limits<int16_t>::max()};
+    case c10::kInt:
+      return int64_t{lowest ? std::numeric_limits<int32_t>::lowest() : std::numeric_limits<int32_t>::max()};
+    default: return lowest ? std::numeric_limits<int64_t>::lowest() : std::numeric_limits<int64_t>::max();
+  }
+}
+
 // max(self) / min(self): the largest (smallest) element, NaN if any is NaN. max(self, dim,
 // keepdim) / min(...): (values, indices) along dim, the first index of the extreme value
 // (arg_region). `is_max` picks which.
@@ -114,8 +129,7 @@ void extreme(LoweringContext& cx, const Node* n, bool is_max) {
   if (t == c10::kBool) throw Unsupported{"a bool input"};
   const c10::Scalar init = is_floating(t) ? c10::Scalar(is_max ? -std::numeric_limits<double>::infinity()
                                                                 : std::numeric_limits<double>::infinity())
-                                          : c10::Scalar(is_max ? std::numeric_limits<int64_t>::lowest()
-                                                               : std::numeric_limits<int64_t>::max());
+                                          : integer_limit(t, is_max);
   const char* body = is_max ? "stablehlo.maximum" : "stablehlo.minimum";
   Dims all;
   for (size_t d = 0; d < x.dims.size(); ++d) all.push_back(static_cast<int64_t>(d));
