@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The callbacks a Lightning user expects beyond checkpoints and early stopping:
-// WeightAveraging (EMA), Timer, GradientAccumulationScheduler, lr_find; and
-// warnings written once per process.
+// WeightAveraging (EMA), Timer, GradientAccumulationScheduler; and warnings written once per
+// process run. lr_find and LearningRateFinder: test_lr_finder.cpp.
 #include "support.h"
 
 #include "runtime/log.h"
@@ -9,9 +9,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -291,69 +297,6 @@ TEST(GradientAccumulationScheduler, BadInputsAndTheClashWithTheTrainerOption) {
 
 namespace {
 
-std::vector<std::string> lines_of(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> out;
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
-}  // namespace
-
-// Rates from 1e-5 up to 0.1 over 40 steps: no divergence, so 40 points, rising exponentially to
-// max_lr; the weights come back bit for bit and the CSV holds the curve.
-TEST(LRFinder, CurveWithoutDivergenceAndWeightsRestored) {
-  TempDir dir;
-  seed_everything(3);
-  TinyRegression m(0.1);
-  const Weights before = weights_of(m);
-  Trainer t(quiet(dir.path).max_epochs(1));
-  const LRFinderResult r =
-      lr_find(t, m, loader(256, 8), LRFinderOptions().min_lr(1e-5).max_lr(0.1).num_training(40));
-  expect_same(weights_of(m), before, 0, "the weights after lr_find");
-  ASSERT_EQ(r.lrs.size(), 40u);
-  ASSERT_EQ(r.losses.size(), 40u);
-  EXPECT_DOUBLE_EQ(r.lrs.front(), 1e-5);
-  EXPECT_NEAR(r.lrs.back(), 0.1, 1e-12);
-  EXPECT_NEAR(r.lrs[1], 1e-5 * std::pow(1e4, 2.0 / 40), 1e-15);
-  for (size_t i = 1; i < r.lrs.size(); ++i) EXPECT_GT(r.lrs[i], r.lrs[i - 1]);
-  for (double loss : r.losses) EXPECT_TRUE(std::isfinite(loss));
-  EXPECT_EQ(r.csv_path, dir.path + "/lr_find.csv");
-  const auto rows = lines_of(r.csv_path);
-  ASSERT_EQ(rows.size(), 41u);
-  EXPECT_EQ(rows[0], "step,lr,loss");
-  EXPECT_EQ(rows[1].rfind("0,1.0000000000000001e-05,", 0), 0u) << rows[1];
-  EXPECT_FALSE(fs::exists(dir.path + "/lightning_logs")) << "the range test logs nothing";
-}
-
-// From 1e-6 to 10 the loss of this least-squares problem diverges (gradient descent on its full
-// batch is unstable above about 1): the test stops early, and the suggestion lies where the
-// smoothed loss falls fastest against log10(lr), well below that and well above min_lr.
-TEST(LRFinder, SuggestionOnARegressionProblemAndEarlyStop) {
-  TempDir dir;
-  seed_everything(3);
-  TinyRegression m(0.1);
-  Trainer t(quiet(dir.path));
-  const LRFinderResult r = lr_find(t, m, loader(64, 64),
-                                   LRFinderOptions().min_lr(1e-6).max_lr(10).num_training(100).csv_path(dir.path + "/c.csv"));
-  EXPECT_LT(r.lrs.size(), 100u) << "diverged before max_lr";
-  EXPECT_GT(r.lrs.size(), 50u);
-  EXPECT_GT(r.losses.back(), 4 * *std::min_element(r.losses.begin(), r.losses.end()));
-  const auto s = r.suggestion();
-  ASSERT_TRUE(s.has_value());
-  EXPECT_GT(*s, 1e-3);
-  EXPECT_LT(*s, 1.0);
-  EXPECT_EQ(lines_of(dir.path + "/c.csv").size(), r.lrs.size() + 1);
-  // Too few points left after the skipped ones: no suggestion.
-  EXPECT_FALSE(r.suggestion(static_cast<int64_t>(r.lrs.size()) - 2, 1).has_value());
-  EXPECT_THAT([&] { lr_find(t, m, loader(64, 8), LRFinderOptions().mode("cosine")); },
-              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("mode 'cosine' is not known")));
-  EXPECT_THAT([&] { lr_find(t, m, loader(64, 8), LRFinderOptions().min_lr(1).max_lr(0.5)); },
-              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("max_lr=0.500000 must be greater than min_lr")));
-}
-
-namespace {
-
 int64_t count_of(const std::string& text, const std::string& what) {
   int64_t n = 0;
   for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -384,6 +327,58 @@ TEST(WarnOnce, ALibraryWarningMetInEveryStageIsOneLine) {
   }
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(count_of(err, "no last.ckpt was found"), 1) << err;
+}
+
+namespace {
+
+// Warns in every stage's setup, on every rank: one warning of rank 0's, and one of each rank's.
+struct WarnsInSetup : Callback {
+  std::string state_key() const override { return "WarnsInSetup"; }
+  void setup(Trainer&, LightningModule&, Stage) override {
+    runtime::warn_rank_zero_once("WarnsInSetup: from rank zero");
+    runtime::warn_once("WarnsInSetup: from every rank");
+  }
+};
+
+// What a child process running `body` wrote to stderr (a child: its launches get a private
+// folder, and so a record of shown messages, of their own).
+std::string stderr_of_child(const std::string& path, const std::function<void()>& body) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, STDERR_FILENO);
+    int code = 0;
+    try {
+      body();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child failed: %s\n", e.what());
+      code = 1;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << fulgur::testing::read_file(path);
+  return fulgur::testing::read_file(path);
+}
+
+}  // namespace
+
+// Two stages of two worker processes each (fit, then validate: four workers in all), each
+// worker warning in its setup: each warning is one line for the whole run, as is the cluster
+// environment's line.
+TEST(WarnOnce, WorkersOfTwoStagesWriteEachWarningOnce) {
+  TempDir dir;
+  const std::string err = stderr_of_child(dir.path + "/stderr.txt", [&] {
+    TinyRegression m;
+    Trainer t(quiet(dir.path).strategy("ddp").devices(2).max_steps(2).logger(false).enable_checkpointing(false)
+                  .callbacks({std::make_shared<WarnsInSetup>()}));
+    t.fit(m, loader(32, 8));
+    t.validate(m, loader(16, 8));
+  });
+  EXPECT_EQ(count_of(err, "fulgur: warning: WarnsInSetup: from rank zero\n"), 1) << err;
+  EXPECT_EQ(count_of(err, "warning: WarnsInSetup: from every rank\n"), 1) << err;
+  EXPECT_EQ(count_of(err, "cluster environment"), 1) << err;
 }
 
 // A resume into a new version folder: the restored ModelCheckpoint state names the old folder's

@@ -5,6 +5,7 @@
 #include "support.h"
 
 #include "distributed/gradient_sync.h"
+#include "xla/step_reducer.h"
 
 #include <gtest/gtest.h>
 

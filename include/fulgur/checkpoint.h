@@ -14,7 +14,7 @@ class Module;
 
 namespace fulgur {
 
-// A checkpoint: Lightning's dict layout (see docs/ARCHITECTURE.md, "Checkpoints").
+// A checkpoint: Lightning's dict layout (see docs/ARCHITECTURE.md, "Checkpoint format").
 using Checkpoint = c10::Dict<std::string, c10::IValue>;
 
 // An empty dict of string keys and any values (c10::Dict<std::string,

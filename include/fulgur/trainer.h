@@ -127,8 +127,8 @@ struct TrainerOptions {
   // `devices`, `precision`, `num_nodes`, `start_method`, `max_restarts` and
   // `collective_timeout_ms` (the object has its own).
   TORCH_ARG(StrategyChoice, strategy) = "auto";
-  // "32-true", "bf16-true", or "bf16-mixed" (CPU autocast to bfloat16 with
-  // float32 weights; not on xla). See plugins/precision/precision.h.
+  // "32-true", "bf16-true", or "bf16-mixed" (autocast to bfloat16 with
+  // float32 weights, on cpu, cuda and xla). See plugins/precision/precision.h.
   TORCH_ARG(std::string, precision) = "32-true";
   TORCH_ARG(int64_t, num_nodes) = 1;
   // -1: no limit. Unset: 1000 unless max_steps is set (Lightning's rule).

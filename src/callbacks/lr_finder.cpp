@@ -9,6 +9,7 @@
 #include <fulgur/strategies/strategy.h>
 
 #include "runtime/log.h"
+#include "trainer/run_context.h"
 
 #include <torch/torch.h>
 
@@ -67,7 +68,12 @@ class RangeTest : public Callback {
     }
     if (trainer.global_step() == last_step_) return;  // a batch that only accumulated gradients
     last_step_ = trainer.global_step();
-    const double loss = window_count_ > 0 ? window_sum_ / static_cast<double>(window_count_) : std::nan("");
+    double loss = window_count_ > 0 ? window_sum_ / static_cast<double>(window_count_) : std::nan("");
+    // Several processes (LearningRateFinder under ddp or xla): the mean over the ranks, the same
+    // number on each, so that every rank stops at the same step and suggests the same rate.
+    if (trainer.world_size() > 1) {
+      loss = trainer.strategy().reduce(torch::tensor({loss}, torch::kFloat64), "mean").item<double>();
+    }
     window_sum_ = 0;
     window_count_ = 0;
     lrs.push_back(lr_at(static_cast<int64_t>(lrs.size())));
@@ -104,6 +110,28 @@ class RangeTest : public Callback {
   double avg_loss_ = 0;
   double best_loss_ = 0;
 };
+
+// Rank 0 writes the curve to `csv_path` ("": <root_dir>/lr_find.csv); every rank records the path.
+void write_curve(LRFinderResult& result, const std::string& csv_path, const std::string& root_dir, bool global_zero) {
+  result.csv_path = csv_path.empty() ? root_dir + "/lr_find.csv" : csv_path;
+  if (!global_zero) return;
+  std::ofstream out(result.csv_path);
+  if (!out) throw std::runtime_error("lr_find: cannot write the curve to " + result.csv_path);
+  out << "step,lr,loss\n";
+  char row[96];
+  for (size_t i = 0; i < result.lrs.size(); ++i) {
+    std::snprintf(row, sizeof(row), "%zu,%.17g,%.17g\n", i, result.lrs[i], result.losses[i]);
+    out << row;
+  }
+  if (!out.flush()) throw std::runtime_error("lr_find: writing the curve to " + result.csv_path + " failed");
+}
+
+void report_early_stop(const LRFinderResult& result, int64_t num_training) {
+  if (static_cast<int64_t>(result.lrs.size()) < num_training) {
+    runtime::log_rank_zero(runtime::LogLevel::kInfo, "lr_find stopped early after " + std::to_string(result.lrs.size()) +
+                                                         " steps: the loss diverged (or the loader ran out)");
+  }
+}
 
 LRFinderResult run_range_test(const Trainer& trainer, LightningModule& model, LRFinderOptions options,
                               const std::function<void(Trainer&)>& fit) {
@@ -142,23 +170,8 @@ LRFinderResult run_range_test(const Trainer& trainer, LightningModule& model, LR
   load_state_dict(model, initial, true, "lr_find's saved weights");
   result.lrs = test->lrs;
   result.losses = test->losses;
-  if (static_cast<int64_t>(result.lrs.size()) < options.num_training()) {
-    runtime::log_rank_zero(runtime::LogLevel::kInfo, "lr_find stopped early after " +
-                                                         std::to_string(result.lrs.size()) +
-                                                         " steps: the loss diverged (or the loader ran out)");
-  }
-  result.csv_path = options.csv_path().empty() ? trainer.options().default_root_dir() + "/lr_find.csv" : options.csv_path();
-  if (inner.is_global_zero()) {
-    std::ofstream out(result.csv_path);
-    if (!out) throw std::runtime_error("lr_find: cannot write the curve to " + result.csv_path);
-    out << "step,lr,loss\n";
-    char row[96];
-    for (size_t i = 0; i < result.lrs.size(); ++i) {
-      std::snprintf(row, sizeof(row), "%zu,%.17g,%.17g\n", i, result.lrs[i], result.losses[i]);
-      out << row;
-    }
-    if (!out.flush()) throw std::runtime_error("lr_find: writing the curve to " + result.csv_path + " failed");
-  }
+  report_early_stop(result, options.num_training());
+  write_curve(result, options.csv_path(), trainer.options().default_root_dir(), inner.is_global_zero());
   return result;
 }
 
@@ -209,6 +222,74 @@ LRFinderResult lr_find(const Trainer& trainer, LightningModule& model, std::shar
 
 LRFinderResult lr_find(const Trainer& trainer, LightningModule& model, DataModule& datamodule, LRFinderOptions options) {
   return run_range_test(trainer, model, std::move(options), [&](Trainer& inner) { inner.fit(model, datamodule); });
+}
+
+LearningRateFinder::LearningRateFinder(LearningRateFinderOptions options, LearningRateSetter set_lr)
+    : options_(std::move(options)), set_lr_(std::move(set_lr)) {
+  try {
+    check_options(test_options());
+  } catch (const std::invalid_argument& e) {
+    // check_options names num_training, which this callback calls num_training_steps.
+    std::string what = e.what();
+    if (const auto at = what.find("num_training="); at != std::string::npos) what.replace(at, 12, "num_training_steps");
+    throw std::invalid_argument("LearningRateFinder: " + what.substr(what.find(' ') + 1));
+  }
+}
+
+LRFinderOptions LearningRateFinder::test_options() const {
+  return LRFinderOptions()
+      .min_lr(options_.min_lr())
+      .max_lr(options_.max_lr())
+      .num_training(options_.num_training_steps())
+      .mode(options_.mode())
+      .early_stop_threshold(options_.early_stop_threshold())
+      .csv_path(options_.csv_path());
+}
+
+void LearningRateFinder::on_fit_start(Trainer& trainer, LightningModule& model) {
+  if (trainer.options().fast_dev_run() > 0) {
+    runtime::warn_rank_zero_once("LearningRateFinder is skipped: fast_dev_run is on");
+    return;
+  }
+  if (trainer.global_step() > 0) {
+    // Resumed: the optimizers' restored state holds the rate; the module gets it back too.
+    if (options_.update_attr() && optimal_lr_ && set_lr_) set_lr_(model, *optimal_lr_);
+    return;
+  }
+  const LRFinderOptions options = test_options();
+  RangeTest test(options);
+  detail::RunContext& run = detail::run_context(trainer);
+  run.run_probe(test, options.num_training());
+  result_ = LRFinderResult();
+  result_.mode = options.mode();
+  result_.lrs = test.lrs;
+  result_.losses = test.losses;
+  report_early_stop(result_, options.num_training());
+  write_curve(result_, options.csv_path(), trainer.options().default_root_dir(), trainer.is_global_zero());
+  optimal_lr_ = result_.suggestion();
+  if (!options_.update_attr() || !optimal_lr_) return;
+  if (set_lr_) {
+    set_lr_(model, *optimal_lr_);
+    run.reconfigure_optimizers();
+  } else {
+    for (const auto& opt : trainer.optimizer_config().optimizers)
+      for (auto& group : opt->param_groups()) group.options().set_lr(*optimal_lr_);
+  }
+  char rate[32];
+  std::snprintf(rate, sizeof(rate), "%.6g", *optimal_lr_);
+  runtime::log_rank_zero(runtime::LogLevel::kInfo, std::string("LearningRateFinder: learning rate set to ") + rate);
+}
+
+c10::IValue LearningRateFinder::state_dict() const {
+  auto d = make_dict();
+  if (optimal_lr_) d.insert("optimal_lr", *optimal_lr_);
+  return d;
+}
+
+void LearningRateFinder::load_state_dict(const c10::IValue& state) {
+  if (!state.isGenericDict()) return;
+  const auto d = state.toGenericDict();
+  if (d.contains("optimal_lr") && d.at("optimal_lr").isDouble()) optimal_lr_ = d.at("optimal_lr").toDouble();
 }
 
 }  // namespace fulgur

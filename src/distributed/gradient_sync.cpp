@@ -2,9 +2,6 @@
 #include "distributed/gradient_sync.h"
 
 #include "runtime/plain_tensor.h"
-#include "xla/pjrt_backend.h"
-
-#include <fulgur/xla/backend.h>
 
 #include <torch/torch.h>
 
@@ -26,18 +23,32 @@ std::vector<at::Tensor> unique_trainable_parameters(const torch::nn::Module& mod
   return out;
 }
 
+std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t first_bytes, int64_t bytes) {
+  std::vector<Bucket> buckets;
+  std::map<c10::ScalarType, size_t> open;  // dtype -> index of the bucket being filled
+  for (size_t k = params.size(); k-- > 0;) {
+    const auto& p = params[k];
+    const auto dtype = p.scalar_type();
+    auto it = open.find(dtype);
+    const bool full = it != open.end() && buckets[it->second].offsets.back() * p.element_size() >=
+                                              (it->second == 0 ? first_bytes : bytes);
+    if (it == open.end() || full) {
+      buckets.emplace_back();
+      buckets.back().offsets.push_back(0);
+      it = open.insert_or_assign(dtype, buckets.size() - 1).first;
+    }
+    Bucket& b = buckets[it->second];
+    b.params.push_back(k);
+    b.offsets.push_back(b.offsets.back() + p.numel());
+  }
+  for (auto& b : buckets) {
+    b.flat = torch::zeros({b.offsets.back()}, params[b.params[0]].options().device(torch::kCPU));
+    b.offsets.pop_back();
+  }
+  return buckets;
+}
+
 namespace {
-
-// Adds the lifetime of this object to `total` (seconds).
-class ScopedTimer {
- public:
-  explicit ScopedTimer(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
-  ~ScopedTimer() { total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
-
- private:
-  double& total_;
-  std::chrono::steady_clock::time_point start_;
-};
 
 // dst[0, n) = src (flattened). A plain loop for contiguous float CPU
 // tensors: the tensor-op path costs several dispatches per parameter, which
@@ -66,43 +77,6 @@ void scaled_copy_back(at::Tensor& grad, const at::Tensor& slice, at::IntArrayRef
   } else {
     grad = slice.view(sizes).mul(scale).to(device);
   }
-}
-
-// A flat buffer and the parameters whose gradients it holds.
-struct Bucket {
-  at::Tensor flat;
-  std::vector<size_t> params;   // indices into the reducer's parameter list
-  std::vector<int64_t> offsets;  // element offset of each parameter in `flat`
-  size_t ready = 0;
-  std::unique_ptr<PendingReduce> pending;
-};
-
-// Buckets of one dtype each, filled in reverse parameter order (the order in
-// which backward produces gradients), the first one small so communication
-// starts early.
-std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t first_bytes, int64_t bytes) {
-  std::vector<Bucket> buckets;
-  std::map<c10::ScalarType, size_t> open;  // dtype -> index of the bucket being filled
-  for (size_t k = params.size(); k-- > 0;) {
-    const auto& p = params[k];
-    const auto dtype = p.scalar_type();
-    auto it = open.find(dtype);
-    const bool full = it != open.end() && buckets[it->second].offsets.back() * p.element_size() >=
-                                              (it->second == 0 ? first_bytes : bytes);
-    if (it == open.end() || full) {
-      buckets.emplace_back();
-      buckets.back().offsets.push_back(0);
-      it = open.insert_or_assign(dtype, buckets.size() - 1).first;
-    }
-    Bucket& b = buckets[it->second];
-    b.params.push_back(k);
-    b.offsets.push_back(b.offsets.back() + p.numel());
-  }
-  for (auto& b : buckets) {
-    b.flat = torch::zeros({b.offsets.back()}, params[b.params[0]].options().device(torch::kCPU));
-    b.offsets.pop_back();
-  }
-  return buckets;
 }
 
 class BucketReducer : public GradientSync {
@@ -209,64 +183,6 @@ class BucketReducer : public GradientSync {
   bool restart_ = false;  // a parameter got a second gradient since the last finalize()
 };
 
-class StepReducer : public GradientSync {
- public:
-  StepReducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> c, int64_t max_bytes)
-      : params_(std::move(params)), collectives_(std::move(c)) {
-    buckets_ = make_buckets(params_, max_bytes, max_bytes);
-  }
-
-  void finalize() override {
-    if (!enabled_ || params_.empty()) return;
-    ScopedTimer timer(seconds_);
-    torch::NoGradGuard no_grad;
-    // Fill every buffer, start all reductions, then write back.
-    for (auto& b : buckets_) {
-      for (size_t j = 0; j < b.params.size(); ++j) {
-        const auto& p = params_[b.params[j]];
-        auto slice = b.flat.narrow(0, b.offsets[j], p.numel());
-        if (p.grad().defined()) {
-          // A gradient in a PJRT buffer is read straight into the bucket.
-          if (!xla::copy_device_value_to_host(p.grad(), slice)) slice.copy_(p.grad().to(torch::kCPU).reshape({-1}));
-        } else {
-          slice.zero_();
-        }
-      }
-      b.pending = collectives_->all_reduce_async(b.flat, ReduceOp::kSum);
-    }
-    const double inv = 1.0 / static_cast<double>(collectives_->world_size());
-    const bool pjrt = xla::backend_started() && xla::backend().name() == "pjrt";
-    for (auto& b : buckets_) {
-      b.pending->wait();
-      b.pending.reset();
-      b.flat.mul_(inv);
-      for (size_t j = 0; j < b.params.size(); ++j) {
-        auto& p = params_[b.params[j]];
-        auto slice = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
-        if (p.device().type() != c10::kLazy) {
-          // CPU and CUDA: into the gradient in place (on CUDA one host-to-device copy).
-          if (p.grad().defined()) {
-            p.mutable_grad().copy_(slice);
-          } else {
-            p.mutable_grad() = slice.to(p.device(), /*non_blocking=*/false, /*copy=*/true);
-          }
-        } else if (pjrt) {
-          // Uploaded from the bucket into a new PJRT buffer: one copy.
-          p.mutable_grad() = xla::device_tensor_from_host(slice, p.device());
-        } else {
-          // A lazy tensor keeps a reference to its data: give it its own copy.
-          p.mutable_grad() = slice.clone().to(p.device());
-        }
-      }
-    }
-  }
-
- private:
-  std::vector<at::Tensor> params_;
-  std::shared_ptr<Collectives> collectives_;
-  std::vector<Bucket> buckets_;
-};
-
 }  // namespace
 
 std::unique_ptr<GradientSync> make_bucket_reducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> c,
@@ -274,9 +190,5 @@ std::unique_ptr<GradientSync> make_bucket_reducer(std::vector<at::Tensor> params
   return std::make_unique<BucketReducer>(std::move(params), std::move(c), o);
 }
 
-std::unique_ptr<GradientSync> make_step_reducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> c,
-                                                int64_t max_bytes) {
-  return std::make_unique<StepReducer>(std::move(params), std::move(c), max_bytes);
-}
 
 }  // namespace fulgur::detail

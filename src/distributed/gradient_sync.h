@@ -5,17 +5,15 @@
 //  - BucketReducer (DDPStrategy): gradients are copied into flat buckets as
 //    autograd produces them; a bucket's all-reduce starts as soon as it is
 //    full, while backward continues (PyTorch DDP's overlap).
-//  - StepReducer (XLAStrategy): at the optimizer step, all gradients are
-//    flattened into as few buffers as possible and reduced together
-//    (torch_xla's reduce_gradients). On lazy devices the gradients must be
-//    materialized before finalize() (XLAStrategy marks the step first). On
-//    the pjrt xla backend each gradient is copied once from its PJRT buffer
-//    into the flat buffer and once from there into a new PJRT buffer.
+//  - StepReducer (XLAStrategy; src/xla/step_reducer.h): at the optimizer
+//    step, all gradients are flattened into as few buffers as possible and
+//    reduced together (torch_xla's reduce_gradients).
 
 #include <fulgur/distributed/collectives.h>
 
 #include <torch/nn/module.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -43,12 +41,36 @@ struct BucketOptions {
   int64_t bucket_bytes = 25 << 20;
 };
 
+// Adds the lifetime of this object to `total` (seconds).
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~ScopedTimer() { total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+  ScopedTimer(const ScopedTimer&) = delete;
+  ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// A flat CPU buffer and the parameters whose gradients it holds.
+struct Bucket {
+  at::Tensor flat;
+  std::vector<size_t> params;   // indices into the reducer's parameter list
+  std::vector<int64_t> offsets;  // element offset of each parameter in `flat`
+  size_t ready = 0;
+  std::unique_ptr<PendingReduce> pending;
+};
+
+// Buckets of one dtype each, filled in reverse parameter order (the order in which backward
+// produces gradients), the first one at most `first_bytes` so communication starts early.
+std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t first_bytes, int64_t bytes);
+
 // The parameters that need gradients, each once (tied weights appear once).
 std::vector<at::Tensor> unique_trainable_parameters(const torch::nn::Module& module);
 
 std::unique_ptr<GradientSync> make_bucket_reducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> collectives,
                                                   BucketOptions options = {});
-std::unique_ptr<GradientSync> make_step_reducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> collectives,
-                                                int64_t max_buffer_bytes = 64 << 20);
 
 }  // namespace fulgur::detail

@@ -2,8 +2,10 @@
 #pragma once
 // The variables fulgur's MultiProcessLauncher puts in each worker's
 // environment for itself and for LightningEnvironment, which reads them in
-// the worker; nothing else reads them. (The torchrun names it also sets,
-// RANK, WORLD_SIZE, MASTER_ADDR and the like, are every environment's.)
+// the worker; besides them only the log reads kWorkerEnv and kLaunchDirEnv, to
+// find the record of messages shown once (runtime/log.cpp). (The torchrun names
+// it also sets, RANK, WORLD_SIZE, MASTER_ADDR and the like, are every
+// environment's.)
 
 #include <cstdint>
 #include <string>

@@ -1,15 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "runtime/log.h"
 
+#include "launchers/worker_env.h"
 #include "runtime/env.h"
+#include "runtime/sha256.h"
 
 #include <fulgur/plugins/environments/cluster_environment.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_set>
@@ -55,12 +60,37 @@ std::pair<int64_t, int64_t> ranks() {
   return {env->global_rank(), env->world_size()};
 }
 
-// Whether `message` is asked for the first time in this process (warn_once's record).
+// In a worker of fulgur's launcher: the folder where the messages shown once are recorded for
+// the whole run of the launching process, "shown" beside the launches' own folders in its private
+// folder (FULGUR_LAUNCH_DIR is <that folder>/launch-<i>); "" elsewhere. Every stage starts new
+// workers, which remember nothing of the earlier stages' workers and hold only what the launching
+// process had shown when it forked them; the record on disk is what they share. It goes with
+// that folder when the launching process exits.
+std::string shared_record_dir() {
+  const std::string launch_dir = env_string(fulgur::detail::kLaunchDirEnv);
+  if (launch_dir.empty() || env_string(fulgur::detail::kWorkerEnv) != "1") return "";
+  const std::string dir = (std::filesystem::path(launch_dir).parent_path() / "shown").string();
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return "";  // no record: once per process, as before
+  return dir;
+}
+
+// Whether `message` is shown for the first time: in this process, and in a worker, in the whole
+// run of its launching process too. A worker claims a message by creating the file named by its
+// digest with O_EXCL, which exactly one process of all the ranks and stages manages.
 bool first_time(const std::string& message) {
   static std::mutex mu;
   static std::unordered_set<std::string> seen;
   std::lock_guard<std::mutex> lock(mu);
-  return seen.insert(message).second;
+  if (!seen.insert(message).second) return false;
+  const std::string dir = shared_record_dir();
+  if (dir.empty()) return true;
+  const std::string path = dir + "/" + to_hex(sha256(message));
+  const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    ::close(fd);
+    return true;
+  }
+  return errno != EEXIST;  // the record cannot be written: show it rather than lose it
 }
 
 }  // namespace
@@ -93,10 +123,15 @@ void log_rank_zero(LogLevel level, const std::string& message) {
   write_line("fulgur: " + message + "\n");
 }
 
-
 bool warn_rank_zero_once(const std::string& message) {
   if (!log_enabled(LogLevel::kWarning) || ranks().first != 0 || !first_time(message)) return false;
   write_line("fulgur: warning: " + message + "\n");
+  return true;
+}
+
+bool info_rank_zero_once(const std::string& message) {
+  if (!log_enabled(LogLevel::kInfo) || ranks().first != 0 || !first_time(message)) return false;
+  write_line("fulgur: " + message + "\n");
   return true;
 }
 

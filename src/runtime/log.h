@@ -40,13 +40,19 @@ int64_t global_rank();
 // Warnings that a run can meet again and again (in each stage, each epoch, each
 // resume): written at warning level the first time this process asks with this
 // exact text, and never again in the process, as Python's default warnings
-// filter shows Lightning's rank_zero_warn once. Keyed by the whole text, so a
-// message that names a different value is a different warning. Return whether
-// this call wrote the line.
+// filter shows Lightning's rank_zero_warn once. In the workers of fulgur's
+// launcher, once in the whole run of the launching process: across the ranks,
+// the stages (each starts new workers) and the restarts, through a record in
+// the launcher's private folder (log.cpp, shared_record_dir). Keyed by the
+// whole text, so a message that names a different value is a different
+// warning. Return whether this call wrote the line.
 // Written by global rank 0 only (as log_rank_zero).
 bool warn_rank_zero_once(const std::string& message);
-// Written by every process (as log).
+// Written by whichever rank asks first (as log, naming its rank).
 bool warn_once(const std::string& message);
+// As warn_rank_zero_once at info level ("fulgur: <message>"): a line every stage would
+// repeat, such as the cluster environment a parallel strategy reports.
+bool info_rank_zero_once(const std::string& message);
 
 // While it lives, messages take this process's rank and world size from it
 // (a running stage's strategy, which holds its cluster environment) instead

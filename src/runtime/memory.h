@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The allocator policy (see docs/ARCHITECTURE.md, "Memory"). glibc's malloc
+// The allocator policy (see docs/DECISIONS.md, "Processes, threads and memory"). glibc's malloc
 // by default serves every block above a moving threshold (128 KiB at first)
 // with its own mmap and gives it back with munmap when freed, and returns the
 // top of the heap to the system once more than 128 KiB of it is free. A
 // training step frees and reallocates the same activation and gradient
 // blocks every step, so each step pays the page faults of touching them
 // again, and a step spends much of its time in the kernel's fault handler
-// (the figures: docs/ARCHITECTURE.md, "Memory"). The policy keeps freed memory: blocks up to kMmapThreshold come
+// (the figures: docs/DECISIONS.md). The policy keeps freed memory: blocks up to kMmapThreshold come
 // from the heap, and the heap is trimmed only above kTrimThreshold of free
 // top. Peak resident memory is the same (the step needs those pages anyway).
 // Threads other than the main one allocate from arenas of their own, made of

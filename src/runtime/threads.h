@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The thread policy, in one place (see docs/ARCHITECTURE.md, "Threads"):
+// The thread policy, in one place (see docs/DECISIONS.md, "Processes, threads and memory"):
 // a worker gets cores / local_world_size threads (at least 1) for torch's
 // intra-op pool (OpenMP, which MKL's matrix products use too), and OpenMP
 // waits passively when several workers share the machine, because spinning

@@ -99,9 +99,10 @@ void ParallelStrategy::setup_environment() {
     // One node, fulgur's launcher: the rendezvous is a file store, no address or port is used.
     who.erase(address) += ", rendezvous in a private file store";
   }
-  // Every rank's line is there at debug level; rank 0's is enough otherwise.
+  // Every rank's line is there at debug level; rank 0's is enough otherwise, once per run (each
+  // stage's workers would repeat it).
   if (rank_ == 0) {
-    runtime::log_rank_zero(runtime::LogLevel::kInfo, who);
+    runtime::info_rank_zero_once(who);
   } else {
     runtime::log(runtime::LogLevel::kDebug, who);
   }

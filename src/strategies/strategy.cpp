@@ -49,29 +49,32 @@ void Strategy::setup(Trainer& trainer) {
   model_to_device();
   setup_module_states();
   optimizer_config_ = OptimizerConfig();
-  if (detail::run_context(trainer).stage() == Stage::kFit) {
-    optimizer_config_ = model_->configure_optimizers();
-    if (optimizer_config_.optimizers.empty()) {
-      throw std::invalid_argument(model_->name() + "::configure_optimizers returned no optimizer");
-    }
-    if (model_->automatic_optimization() && optimizer_config_.optimizers.size() > 1) {
-      throw std::invalid_argument(model_->name() + "::configure_optimizers returned " +
-                                  std::to_string(optimizer_config_.optimizers.size()) +
-                                  " optimizers; automatic optimization drives one. Use manual optimization for several");
-    }
-    for (const auto& s : optimizer_config_.schedulers) {
-      if (!s.scheduler()) throw std::invalid_argument("configure_optimizers: a SchedulerConfig has no scheduler");
-      if (s.interval() != "step" && s.interval() != "epoch") {
-        throw std::invalid_argument("configure_optimizers: scheduler interval '" + s.interval() +
-                                    "' is not known; valid: \"step\", \"epoch\"");
-      }
-      if (dynamic_cast<lr_scheduler::ReduceLROnPlateau*>(s.scheduler().get()) && s.monitor().empty()) {
-        throw std::invalid_argument("configure_optimizers: a ReduceLROnPlateau scheduler needs the metric it follows: "
-                                    "SchedulerConfig(...).monitor(\"val_loss\") (a name your module logs), as in Lightning");
-      }
-    }
-    for (auto& o : optimizer_config_.optimizers) detail::optimizer_state_to_params_device(*o);
+  if (detail::run_context(trainer).stage() == Stage::kFit) setup_optimizers();
+}
+
+void Strategy::setup_optimizers() {
+  if (!model_) throw std::logic_error("Strategy::setup_optimizers: no module connected");
+  optimizer_config_ = model_->configure_optimizers();
+  if (optimizer_config_.optimizers.empty()) {
+    throw std::invalid_argument(model_->name() + "::configure_optimizers returned no optimizer");
   }
+  if (model_->automatic_optimization() && optimizer_config_.optimizers.size() > 1) {
+    throw std::invalid_argument(model_->name() + "::configure_optimizers returned " +
+                                std::to_string(optimizer_config_.optimizers.size()) +
+                                " optimizers; automatic optimization drives one. Use manual optimization for several");
+  }
+  for (const auto& s : optimizer_config_.schedulers) {
+    if (!s.scheduler()) throw std::invalid_argument("configure_optimizers: a SchedulerConfig has no scheduler");
+    if (s.interval() != "step" && s.interval() != "epoch") {
+      throw std::invalid_argument("configure_optimizers: scheduler interval '" + s.interval() +
+                                  "' is not known; valid: \"step\", \"epoch\"");
+    }
+    if (dynamic_cast<lr_scheduler::ReduceLROnPlateau*>(s.scheduler().get()) && s.monitor().empty()) {
+      throw std::invalid_argument("configure_optimizers: a ReduceLROnPlateau scheduler needs the metric it follows: "
+                                  "SchedulerConfig(...).monitor(\"val_loss\") (a name your module logs), as in Lightning");
+    }
+  }
+  for (auto& o : optimizer_config_.optimizers) detail::optimizer_state_to_params_device(*o);
 }
 
 void Strategy::model_to_device() {

@@ -3,8 +3,8 @@
 #include <fulgur/lightning_module.h>
 #include <fulgur/strategies/xla.h>
 
-#include "distributed/gradient_sync.h"
 #include "strategies/xla_common.h"
+#include "xla/step_reducer.h"
 #include <fulgur/xla/backend.h>
 
 #include <iostream>

@@ -25,10 +25,10 @@ std::shared_ptr<Precision> xla_precision(std::shared_ptr<Precision> precision, c
     throw std::invalid_argument(std::string(who) + ": precision plugin must be an XLAPrecision, got a plain Precision ('" +
                                 precision->name() + "')");
   }
-  if (precision->autocast_dtype()) {
+  if (precision->autocast_dtype() && *precision->autocast_dtype() != c10::kBFloat16) {
     throw std::invalid_argument(std::string(who) + ": precision '" + precision->name() +
-                                "' is autocast (CPU or CUDA), which does not reach xla devices; valid there: \"32-true\", "
-                                "\"bf16-true\" (or use accelerator \"cpu\" or \"cuda\")");
+                                "' is float16 autocast, which runs on CUDA devices; valid on xla: \"32-true\", "
+                                "\"bf16-mixed\", \"bf16-true\" (or use accelerator \"cuda\")");
   }
   return precision;
 }

@@ -14,6 +14,8 @@
 
 #include "optim/optim_state.h"
 #include "runtime/log.h"
+#include "trainer/checkpoint_read.h"
+#include "trainer/progress.h"
 #include "trainer/trainer_impl.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -26,14 +28,9 @@
 namespace fs = std::filesystem;
 
 namespace fulgur::detail {
-namespace {
 
-// checkpoint[path[0]][path[1]]...: state that fulgur's Trainer writes (the
-// loop position, the generators). A checkpoint written elsewhere (Lightning
-// keeps loops.fit_loop in another layout) may lack it; the error names the
-// file, the whole key and what to do instead.
 c10::IValue checkpoint_entry(const Checkpoint& checkpoint, const std::vector<std::string>& path,
-                             const std::string& where, const c10::TypePtr& type = nullptr) {
+                             const std::string& where, const c10::TypePtr& type) {
   const std::string hint =
       "; fulgur's Trainer writes it (see docs/ARCHITECTURE.md, checkpoint format). To start from the weights of a "
       "checkpoint written elsewhere, load them with fulgur::load_from_checkpoint(model, path) and call fit without "
@@ -54,6 +51,16 @@ c10::IValue checkpoint_entry(const Checkpoint& checkpoint, const std::vector<std
   return v;
 }
 
+int64_t check_count(int64_t n, const std::string& where, const std::string& name, int64_t bound, const std::string& why) {
+  if (n < 0 || n > bound) {
+    throw std::runtime_error(where + ": '" + name + "' is " + std::to_string(n) + ", outside [0, " + std::to_string(bound) +
+                             "] (" + why + "); the checkpoint is corrupt or was made for another run");
+  }
+  return n;
+}
+
+namespace {
+
 // Whether the model's parameters are on a lazy (xla) device: then its random ops drew from the
 // xla device generator. Asked of the parameters, not of the strategy, whose root_device() throws
 // in the launching process of a multi-process xla run.
@@ -66,8 +73,8 @@ bool on_xla_device(const LightningModule& model) {
 
 Checkpoint TrainerImpl::dump_checkpoint() {
   Checkpoint ckpt = make_dict();
-  ckpt.insert("epoch", current_epoch);
-  ckpt.insert("global_step", global_step);
+  ckpt.insert("epoch", progress.epoch);
+  ckpt.insert("global_step", progress.global_step);
   ckpt.insert("pytorch-lightning_version", std::string("2.1.0"));
   ckpt.insert("fulgur_format_version", static_cast<int64_t>(FULGUR_CHECKPOINT_FORMAT_VERSION));
   ckpt.insert("fulgur_version", fulgur::version());
@@ -78,8 +85,8 @@ Checkpoint TrainerImpl::dump_checkpoint() {
   c10::impl::GenericList sched_states(c10::AnyType::get());
   for (size_t i = 0; i < strategy->optimizer_config().schedulers.size(); ++i) {
     auto s = fulgur::make_dict();
-    s.insert("_step_count", scheduler_counts.at(i) + 1);
-    s.insert("last_epoch", scheduler_counts.at(i));
+    s.insert("_step_count", progress.scheduler_counts.at(i) + 1);
+    s.insert("last_epoch", progress.scheduler_counts.at(i));
     const SchedulerConfig& sc = strategy->optimizer_config().schedulers[i];
     if (const auto* plateau = dynamic_cast<const lr_scheduler::ReduceLROnPlateau*>(sc.scheduler().get())) {
       // Python's ReduceLROnPlateau.state_dict keys; and, for a checkpoint written before this
@@ -97,15 +104,8 @@ Checkpoint TrainerImpl::dump_checkpoint() {
   // The precision plugin's state (16-mixed's GradScaler), under Lightning's key.
   if (auto precision_state = strategy->precision().state_dict()) ckpt.insert(Precision::checkpoint_key(), *precision_state);
   ckpt.insert("callbacks", callback_states());
-  auto loop = fulgur::make_dict();
-  loop.insert("epoch", current_epoch);
-  loop.insert("batches_done", epoch_batches_done);
-  loop.insert("epoch_finished", epoch_finished);
-  loop.insert("epoch_schedulers_stepped", epoch_schedulers_stepped);
-  loop.insert("global_step", global_step);
-  loop.insert("world_size", strategy->world_size());
   auto loops = fulgur::make_dict();
-  loops.insert("fit_loop", loop);
+  loops.insert("fit_loop", progress.to_ivalue(strategy->world_size()));
   ckpt.insert("loops", loops);
   // Every rank's generator state, so each rank resumes its own random stream.
   auto rng = at::detail::getDefaultCPUGenerator().get_state();
@@ -130,22 +130,10 @@ Checkpoint TrainerImpl::dump_checkpoint() {
 }
 namespace {
 
-// Larger loop counts than any run reaches (2^53: still exact as the float
-// scores that ModelCheckpoint keeps).
-constexpr int64_t kMaxLoopCount = int64_t(1) << 53;
 // libtorch's LRScheduler counts its steps in an unsigned int.
 constexpr int64_t kMaxSchedulerCount = std::numeric_limits<unsigned>::max();
 
-// The int under `key` of `d`, in [0, bound]; the error names the file, the
-// key (`name`), the value and the bound, with `why` the bound is what it is.
-int64_t check_count(int64_t n, const std::string& where, const std::string& name, int64_t bound, const std::string& why) {
-  if (n < 0 || n > bound) {
-    throw std::runtime_error(where + ": '" + name + "' is " + std::to_string(n) + ", outside [0, " + std::to_string(bound) +
-                             "] (" + why + "); the checkpoint is corrupt or was made for another run");
-  }
-  return n;
-}
-
+// The int under `key` of `d`, in [0, bound] (check_count).
 int64_t read_count(const c10::Dict<std::string, c10::IValue>& d, const std::string& key, const std::string& where,
                    const std::string& name, int64_t bound, const std::string& why) {
   if (!d.contains(key)) throw std::runtime_error(where + ": missing key '" + name + "'");
@@ -210,16 +198,7 @@ void TrainerImpl::restore(const std::string& path) {
   load_state_dict(*model, c10::impl::toTypedDict<std::string, c10::IValue>(sd.toGenericDict()), true, where);
   if (stage != Stage::kFit) return;
   // The loop and generator state first: a checkpoint without it is refused before anything is restored.
-  auto loop_int = [&](const char* key) {
-    return checkpoint_entry(ckpt, {"loops", "fit_loop", key}, where, c10::IntType::get()).toInt();
-  };
-  const int64_t epoch = loop_int("epoch");
-  const int64_t step = loop_int("global_step");
-  const int64_t batches_done = loop_int("batches_done");
-  auto loop_bool = [&](const char* key) {
-    return checkpoint_entry(ckpt, {"loops", "fit_loop", key}, where, c10::BoolType::get()).toBool();
-  };
-  const bool epoch_finished = loop_bool("epoch_finished");
+  const Progress saved = Progress::from_checkpoint(ckpt, where, train_source->num_batches());
   const at::Tensor rng_states = ckpt.contains("rng_states")
                                     ? checkpoint_entry(ckpt, {"rng_states", "torch"}, where, c10::TensorType::get()).toTensor()
                                     : at::Tensor();
@@ -234,22 +213,15 @@ void TrainerImpl::restore(const std::string& path) {
     throw std::runtime_error(where + ": has " + std::to_string(opts.size()) + " optimizer states, the model configures " +
                              std::to_string(cfg.optimizers.size()) + " optimizers");
   }
-  // Every count is checked against what this run allows before it is used.
-  current_epoch = check_count(epoch, where, "loops.fit_loop.epoch", kMaxLoopCount, "no run gets that far");
-  global_step = check_count(step, where, "loops.fit_loop.global_step", kMaxLoopCount, "no run gets that far");
-  epoch_batches_done = check_count(batches_done, where, "loops.fit_loop.batches_done", train_source->num_batches(),
-                                   "the batches of one epoch of this run's training loader");
+  progress.epoch = saved.epoch;
+  progress.global_step = saved.global_step;
+  progress.batches_done = saved.batches_done;
   // A checkpoint of a finished epoch written before the per-epoch schedulers stepped (last.ckpt
   // at validation end): the resumed run takes that step below, as the uninterrupted run did.
-  // Older checkpoints do not say; ModelCheckpoint wrote them before the step.
-  bool pending_epoch_step = false;
-  if (epoch_finished) {
-    // loops.fit_loop is a dict: epoch_finished was read from it.
-    const auto fit_loop = ckpt.at("loops").toGenericDict().at("fit_loop").toGenericDict();
-    const bool says = fit_loop.contains("epoch_schedulers_stepped");
-    pending_epoch_step = !says || !loop_bool("epoch_schedulers_stepped");
-    ++current_epoch;
-    epoch_batches_done = 0;
+  const bool pending_epoch_step = saved.epoch_finished && !saved.epoch_schedulers_stepped;
+  if (saved.epoch_finished) {
+    ++progress.epoch;
+    progress.batches_done = 0;
   }
   // A scheduler takes its saved count directly (no replay, whatever the
   // count); its learning rate comes back with the optimizer's state below.
@@ -259,12 +231,12 @@ void TrainerImpl::restore(const std::string& path) {
     auto s = c10::impl::toTypedDict<std::string, c10::IValue>(scheds.get(i).toGenericDict());
     const SchedulerConfig& sc = cfg.schedulers[i];
     const bool per_step = sc.interval() == "step";
-    const int64_t bound = std::min<int64_t>(per_step ? global_step : current_epoch + 1, kMaxSchedulerCount);
+    const int64_t bound = std::min<int64_t>(per_step ? progress.global_step : progress.epoch + 1, kMaxSchedulerCount);
     const int64_t n = read_count(s, "last_epoch", where, "lr_schedulers[" + std::to_string(i) + "].last_epoch", bound,
                                  per_step ? "a scheduler stepped per optimizer step, and the checkpoint's global_step is " +
-                                                std::to_string(global_step)
+                                                std::to_string(progress.global_step)
                                           : "a scheduler stepped per epoch, and the checkpoint is in epoch " +
-                                                std::to_string(current_epoch));
+                                                std::to_string(progress.epoch));
     if (auto* plateau = dynamic_cast<lr_scheduler::ReduceLROnPlateau*>(sc.scheduler().get())) {
       const std::string at = "lr_schedulers[" + std::to_string(i) + "].";
       auto value = [&](const char* key) -> c10::IValue {
@@ -282,7 +254,7 @@ void TrainerImpl::restore(const std::string& path) {
     } else {
       set_scheduler_step_count(*sc.scheduler(), n);
     }
-    scheduler_counts[i] = n;
+    progress.scheduler_counts[i] = n;
   }
   for (size_t i = 0; i < opts.size(); ++i) {
     load_optimizer_state_dict(*cfg.optimizers[i], opts.get(i), where + ", optimizer " + std::to_string(i));
@@ -298,7 +270,7 @@ void TrainerImpl::restore(const std::string& path) {
     // with current_epoch still that epoch), after the optimizers' rates are restored.
     for (size_t i = 0; i < cfg.schedulers.size() && i < scheds.size(); ++i) {
       const SchedulerConfig& sc = cfg.schedulers[i];
-      if (sc.interval() != "epoch" || current_epoch % std::max<int64_t>(1, sc.frequency()) != 0) continue;
+      if (sc.interval() != "epoch" || progress.epoch % std::max<int64_t>(1, sc.frequency()) != 0) continue;
       if (auto* plateau = dynamic_cast<lr_scheduler::ReduceLROnPlateau*>(sc.scheduler().get())) {
         auto s = c10::impl::toTypedDict<std::string, c10::IValue>(scheds.get(i).toGenericDict());
         const auto it = s.find("fulgur_pending_metric");
@@ -307,7 +279,7 @@ void TrainerImpl::restore(const std::string& path) {
       } else {
         sc.scheduler()->step();
       }
-      ++scheduler_counts[i];
+      ++progress.scheduler_counts[i];
     }
   }
   const c10::IValue cbs = get("callbacks");

@@ -42,14 +42,14 @@ void TrainerImpl::log_step_metrics(bool force) {
     pending_callback_metrics[k] = v.value;
     for_logger.emplace(k, v);
   }
-  const bool due = global_step % options.log_every_n_steps() == 0 || force;
-  if (loggers.empty() || !strategy->is_global_zero() || for_logger.empty() || !due || global_step == last_logged_step) {
+  const bool due = progress.global_step % options.log_every_n_steps() == 0 || force;
+  if (loggers.empty() || !strategy->is_global_zero() || for_logger.empty() || !due || progress.global_step == last_logged_step) {
     return;
   }
-  last_logged_step = global_step;
+  last_logged_step = progress.global_step;
   auto row = to_doubles(for_logger);
-  row["epoch"] = static_cast<double>(current_epoch);
-  for (auto& l : loggers) l->log_metrics(row, global_step);
+  row["epoch"] = static_cast<double>(progress.epoch);
+  for (auto& l : loggers) l->log_metrics(row, progress.global_step);
 }
 
 void TrainerImpl::log_epoch_metrics(const std::map<std::string, ResultCollection::Logged>& values,
@@ -62,7 +62,7 @@ void TrainerImpl::log_epoch_metrics(const std::map<std::string, ResultCollection
     if (ev.logger) row[k] = v;
   }
   if (strategy->is_global_zero() && !row.empty()) {
-    row["epoch"] = static_cast<double>(current_epoch);
+    row["epoch"] = static_cast<double>(progress.epoch);
     for (auto& l : loggers) l->log_metrics(row, step);
   }
 }
@@ -70,8 +70,8 @@ void TrainerImpl::log_epoch_metrics(const std::map<std::string, ResultCollection
 void TrainerImpl::report_fit_end(const std::string& why) const {
   if (!strategy->is_global_zero()) return;
   using runtime::LogLevel;
-  runtime::log_rank_zero(LogLevel::kInfo, "fit stopped at epoch " + std::to_string(current_epoch) + ", step " +
-                                              std::to_string(global_step) + ": " + why);
+  runtime::log_rank_zero(LogLevel::kInfo, "fit stopped at epoch " + std::to_string(progress.epoch) + ", step " +
+                                              std::to_string(progress.global_step) + ": " + why);
   if (auto* mc = owner.checkpoint_callback()) {
     if (!mc->best_model_path().empty()) {
       const std::string& monitor = mc->options().monitor();

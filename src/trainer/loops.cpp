@@ -41,7 +41,7 @@ int64_t batch_size_of(const Batch& batch) {
 
 void TrainerImpl::manual_optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure) {
   strategy->optimizer_step(optimizer, closure, nullptr);
-  ++global_step;
+  ++progress.global_step;
 }
 
 void TrainerImpl::clip_gradients(torch::optim::Optimizer& optimizer) {
@@ -68,11 +68,12 @@ void TrainerImpl::clip_gradients(torch::optim::Optimizer& optimizer) {
 }
 
 void TrainerImpl::step_schedulers(const std::string& interval) {
+  if (schedulers_paused) return;
   const auto& cfg = strategy->optimizer_config();
   for (size_t i = 0; i < cfg.schedulers.size(); ++i) {
     const auto& s = cfg.schedulers[i];
     if (s.interval() != interval) continue;
-    const int64_t unit = interval == "step" ? global_step : current_epoch + 1;
+    const int64_t unit = interval == "step" ? progress.global_step : progress.epoch + 1;
     if (unit % std::max<int64_t>(1, s.frequency()) != 0) continue;
     if (auto* plateau = dynamic_cast<lr_scheduler::ReduceLROnPlateau*>(s.scheduler().get())) {
       // Lightning's rule: the monitored metric's current value; a missing one is an error, or a
@@ -92,7 +93,7 @@ void TrainerImpl::step_schedulers(const std::string& interval) {
     } else {
       s.scheduler()->step();
     }
-    ++scheduler_counts[i];
+    ++progress.scheduler_counts[i];
   }
 }
 
@@ -126,7 +127,7 @@ void TrainerImpl::optimizer_step_automatic(const Batch& batch, int64_t batch_idx
   // backward hands its gradients over instead of adding them to zeros.
   for (auto& group : optimizer.param_groups())
     for (auto& p : group.params()) p.mutable_grad() = at::Tensor();
-  ++global_step;
+  ++progress.global_step;
   step_schedulers("step");
 }
 
@@ -136,10 +137,10 @@ void TrainerImpl::training_batch(const Batch& batch, int64_t batch_idx) {
   model->on_train_batch_start(batch, batch_idx);
   StepOutput out;
   if (model->automatic_optimization()) {
-    ++accumulated;
-    const bool sync_now = accumulated >= accumulate_grad_batches || batch_idx + 1 == num_training_batches;
+    ++progress.accumulated;
+    const bool sync_now = progress.accumulated >= accumulate_grad_batches || batch_idx + 1 == num_training_batches;
     optimizer_step_automatic(batch, batch_idx, out, sync_now);
-    if (sync_now) accumulated = 0;
+    if (sync_now) progress.accumulated = 0;
   } else {
     in_training_step = true;
     out = strategy->training_step(batch, batch_idx);
@@ -149,7 +150,7 @@ void TrainerImpl::training_batch(const Batch& batch, int64_t batch_idx) {
   // The batch is done before its end hooks run: a checkpoint that a hook
   // writes (ModelCheckpoint's every_n_train_steps) resumes after it, not
   // with it again.
-  epoch_batches_done = batch_idx + 1;
+  progress.batches_done = batch_idx + 1;
   model->on_train_batch_end(out, batch, batch_idx);
   for (auto& c : callbacks) c->on_train_batch_end(owner, *model, out, batch, batch_idx);
 }
@@ -208,7 +209,7 @@ Metrics TrainerImpl::evaluation_loop(Stage eval_stage, BatchSource& source, int6
   }
   auto values = results.epoch_values(reducer());
   const Metrics metrics = to_doubles(values);
-  if (!sanity_checking) log_epoch_metrics(values, metrics, global_step);
+  if (!sanity_checking) log_epoch_metrics(values, metrics, progress.global_step);
   if (is_val) {
     if (!sanity_checking)
       for (auto& c : callbacks) c->on_validation_end(owner, *model);
@@ -269,13 +270,15 @@ void TrainerImpl::fit_loop() {
     }
   }
 
-  for (auto& c : callbacks) c->on_fit_start(owner, *model);
+  // Over a copy: LearningRateFinder's on_fit_start runs steps with its test as the only
+  // callback (run_probe), which swaps this list while the loop walks it.
+  for (auto& c : std::vector<std::shared_ptr<Callback>>(callbacks)) c->on_fit_start(owner, *model);
   model->on_fit_start();
   // Where this fit's last.ckpt goes (resolved by on_fit_start), for a restart
   // of the launch to resume from.
   if (auto* mc = owner.checkpoint_callback(); mc && strategy->is_global_zero()) record_checkpoint_folder(mc->dirpath());
 
-  if (val_source && val_batches > 0 && global_step == 0 && resolved.limit_overrides == 0) {
+  if (val_source && val_batches > 0 && progress.global_step == 0 && resolved.limit_overrides == 0) {
     const int64_t n = options.num_sanity_val_steps() == -1 ? val_batches : std::min(options.num_sanity_val_steps(), val_batches);
     if (n > 0) {
       sanity_checking = true;
@@ -286,42 +289,42 @@ void TrainerImpl::fit_loop() {
 
   for (auto& c : callbacks) c->on_train_start(owner, *model);
   auto done = [&] {
-    if (options.max_steps() != -1 && global_step >= options.max_steps()) return true;
-    if (resolved.max_epochs != -1 && current_epoch >= resolved.max_epochs) return true;
-    return should_stop && current_epoch >= options.min_epochs();
+    if (options.max_steps() != -1 && progress.global_step >= options.max_steps()) return true;
+    if (resolved.max_epochs != -1 && progress.epoch >= resolved.max_epochs) return true;
+    return should_stop && progress.epoch >= options.min_epochs();
   };
 
   while (!done()) {
     if (num_training_batches == 0) break;
-    train_source->set_epoch(current_epoch);
-    if (val_source) val_source->set_epoch(current_epoch);
+    train_source->set_epoch(progress.epoch);
+    if (val_source) val_source->set_epoch(progress.epoch);
     model->train();
     results.reset();
     // A run resumed from a checkpoint written after the epoch's last batch
     // (by its end hook) has no batch left: it goes on to the epoch's end.
-    epoch_finished = epoch_batches_done >= num_training_batches;
-    epoch_schedulers_stepped = false;
+    progress.epoch_finished = progress.batches_done >= num_training_batches;
+    progress.epoch_schedulers_stepped = false;
     for (auto& c : callbacks) c->on_train_epoch_start(owner, *model);
     model->on_train_epoch_start();
     bool interrupted = stop_agreed;  // during the sanity check
     if (!interrupted) {
-      auto stream = train_source->open(epoch_batches_done);
-      for (int64_t batch_idx = epoch_batches_done; batch_idx < num_training_batches; ++batch_idx) {
+      auto stream = train_source->open(progress.batches_done);
+      for (int64_t batch_idx = progress.batches_done; batch_idx < num_training_batches; ++batch_idx) {
         auto batch = stream->next();
         if (!batch) break;
         training_batch(*batch, batch_idx);
         const bool last = batch_idx + 1 == num_training_batches;
         const bool check_val = val_source && val_batches > 0 &&
-                               (current_epoch + 1) % options.check_val_every_n_epoch() == 0 &&
+                               (progress.epoch + 1) % options.check_val_every_n_epoch() == 0 &&
                                ((batch_idx + 1) % val_every == 0 || (last && vci.is_fraction()));
-        if (last) epoch_finished = true;
+        if (last) progress.epoch_finished = true;
         if (check_val) evaluation_loop(Stage::kValidate, *val_source, val_batches);
         if (stop_agreed || stop_requested(train_poll, last)) {
           interrupted = true;
           break;
         }
-        if (options.max_steps() != -1 && global_step >= options.max_steps()) break;
-        if (should_stop && current_epoch >= options.min_epochs()) break;
+        if (options.max_steps() != -1 && progress.global_step >= options.max_steps()) break;
+        if (should_stop && progress.epoch >= options.min_epochs()) break;
       }
     }
     if (interrupted) {
@@ -338,24 +341,24 @@ void TrainerImpl::fit_loop() {
       }
       const std::string signal = "signal " + std::to_string(sig);
       runtime::log_rank_zero(runtime::LogLevel::kWarning,
-                             "stopping at step " + std::to_string(global_step) + " on " + signal + "; " + saved);
+                             "stopping at step " + std::to_string(progress.global_step) + " on " + signal + "; " + saved);
       if (strategy->is_global_zero())
         for (auto& l : loggers) l->finalize("interrupted");
       report_fit_end(signal + " (" + signal_name(sig) + "); " + report);
-      throw WorkerFailure("interrupted by " + signal + " at step " + std::to_string(global_step) + "; " + saved,
+      throw WorkerFailure("interrupted by " + signal + " at step " + std::to_string(progress.global_step) + "; " + saved,
                           static_cast<int>(strategy->global_rank()), 128 + sig);
     }
     // Epoch end: aggregates, hooks, then the next epoch.
     auto values = results.epoch_values(reducer());
-    log_epoch_metrics(values, to_doubles(values), global_step);
+    log_epoch_metrics(values, to_doubles(values), progress.global_step);
     model->on_train_epoch_end();
     for (auto& c : callbacks) c->on_train_epoch_end(owner, *model);
     log_step_metrics(true);
     step_schedulers("epoch");
-    epoch_schedulers_stepped = true;
-    if (!epoch_finished) break;  // stopped mid-epoch (max_steps or should_stop)
-    ++current_epoch;
-    epoch_batches_done = 0;
+    progress.epoch_schedulers_stepped = true;
+    if (!progress.epoch_finished) break;  // stopped mid-epoch (max_steps or should_stop)
+    ++progress.epoch;
+    progress.batches_done = 0;
   }
   for (auto& c : callbacks) c->on_train_end(owner, *model);
   model->on_fit_end();
@@ -372,11 +375,11 @@ void TrainerImpl::fit_loop() {
 
 std::string TrainerImpl::fit_stop_reason() const {
   if (num_training_batches == 0) return "no training batches (limit_train_batches gives 0)";
-  if (options.max_steps() != -1 && global_step >= options.max_steps()) {
+  if (options.max_steps() != -1 && progress.global_step >= options.max_steps()) {
     return "max_steps=" + std::to_string(options.max_steps()) + " reached";
   }
   if (should_stop) {
-    if (auto* es = find_callback<EarlyStopping>(callbacks); es && es->stopped_epoch() == current_epoch - (epoch_finished ? 1 : 0)) {
+    if (auto* es = find_callback<EarlyStopping>(callbacks); es && es->stopped_epoch() == progress.epoch - (progress.epoch_finished ? 1 : 0)) {
       const std::string& monitor = es->options().monitor();
       std::string why = "EarlyStopping on " + monitor;
       if (auto it = callback_metrics.find(monitor); it != callback_metrics.end()) why += "=" + format_metric(it->second);
@@ -385,7 +388,7 @@ std::string TrainerImpl::fit_stop_reason() const {
     if (auto* timer = find_callback<Timer>(callbacks); timer && !timer->reason().empty()) return timer->reason();
     return "should_stop was set";
   }
-  if (resolved.max_epochs != -1 && current_epoch >= resolved.max_epochs) {
+  if (resolved.max_epochs != -1 && progress.epoch >= resolved.max_epochs) {
     return "max_epochs=" + std::to_string(resolved.max_epochs) + " reached";
   }
   return "the training loader ran out";

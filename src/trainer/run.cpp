@@ -134,7 +134,7 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
   // Every version before any logger writes: loggers on one root_dir and name share version_<N>.
   if (strategy->is_global_zero())
     for (auto& l : loggers) l->version();
-  scheduler_counts.assign(strategy->optimizer_config().schedulers.size(), 0);
+  progress.scheduler_counts.assign(strategy->optimizer_config().schedulers.size(), 0);
   results.reset();
   pending_callback_metrics.clear();
   callback_metrics.clear();
@@ -149,10 +149,10 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     if (!data.train) throw std::invalid_argument("fit: no training loader (pass one, or give the DataModule a train_dataloader)");
     train_source = strategy->process_dataloader(data.train);
     val_source = data.val ? strategy->process_dataloader(data.val) : nullptr;
-    current_epoch = 0;
-    global_step = 0;
-    epoch_batches_done = 0;
-    accumulated = 0;
+    progress.epoch = 0;
+    progress.global_step = 0;
+    progress.batches_done = 0;
+    progress.accumulated = 0;
     if (!path.empty()) restore(path);
     if (options.handle_signals()) {
       signals.emplace(is_fulgur_worker() ? runtime::SecondSignal::kRecorded : runtime::SecondSignal::kExits);

@@ -19,6 +19,7 @@ class Optimizer;
 }
 
 namespace fulgur {
+class Callback;
 class Trainer;
 }
 
@@ -40,6 +41,16 @@ class RunContext {
   // prediction's dataset indices (empty when the source is not a DataLoader).
   virtual const std::vector<at::Tensor>& predictions() const = 0;
   virtual const std::vector<std::vector<int64_t>>& predict_batch_indices() const = 0;
+  // Runs up to `max_steps` optimizer steps of the running fit from its first batch, with `probe`
+  // as the only callback and no loggers, validation, checkpoints or scheduler steps, and then
+  // puts the fit back where it was: the weights (bit for bit), the loop counters, the CPU and xla
+  // generators, the precision plugin's state, and optimizers and schedulers made anew by
+  // configure_optimizers. Lightning's nested fit_loop.run() in _lr_find (LearningRateFinder).
+  // Every rank calls. REQUIRES: during on_fit_start of a fit at global step 0.
+  virtual void run_probe(Callback& probe, int64_t max_steps) = 0;
+  // The module's configure_optimizers again (its schedulers' step counts back at 0), after the
+  // module changed what they are made from. Every rank calls. REQUIRES: fit, before its first step.
+  virtual void reconfigure_optimizers() = 0;
 };
 
 }  // namespace fulgur::detail

@@ -56,6 +56,10 @@ const std::vector<std::vector<int64_t>>& detail::TrainerRunContext::predict_batc
   return impl_.predict_batch_indices;
 }
 
+void detail::TrainerRunContext::run_probe(Callback& probe, int64_t max_steps) { impl_.run_probe(probe, max_steps); }
+
+void detail::TrainerRunContext::reconfigure_optimizers() { impl_.reconfigure_optimizers(); }
+
 // --- Trainer ---------------------------------------------------------------
 
 detail::RunContext& detail::run_context(const Trainer& trainer) { return trainer.impl_->context; }
@@ -106,8 +110,8 @@ std::vector<at::Tensor> Trainer::predict(LightningModule& model, std::shared_ptr
 
 const TrainerOptions& Trainer::options() const { return impl_->options; }
 Strategy& Trainer::strategy() const { return *impl_->strategy; }
-int64_t Trainer::current_epoch() const { return impl_->current_epoch; }
-int64_t Trainer::global_step() const { return impl_->global_step; }
+int64_t Trainer::current_epoch() const { return impl_->progress.epoch; }
+int64_t Trainer::global_step() const { return impl_->progress.global_step; }
 bool Trainer::should_stop() const { return impl_->should_stop; }
 void Trainer::set_should_stop(bool value) { impl_->should_stop = value; }
 bool Trainer::sanity_checking() const { return impl_->sanity_checking; }

@@ -14,6 +14,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include "trainer/progress.h"
 #include "trainer/results.h"
 #include "trainer/run_context.h"
 #include "trainer/stop_poll.h"
@@ -99,6 +100,8 @@ class TrainerRunContext final : public RunContext {
   void optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure) override;
   const std::vector<at::Tensor>& predictions() const override;
   const std::vector<std::vector<int64_t>>& predict_batch_indices() const override;
+  void run_probe(Callback& probe, int64_t max_steps) override;
+  void reconfigure_optimizers() override;
 
  private:
   TrainerImpl& impl_;
@@ -135,6 +138,10 @@ struct TrainerImpl {
   void log(const std::string& name, const at::Tensor& value, const LogOptions& options);
   // A step of manual optimization (LightningOptimizer::step), counted in global_step.
   void manual_optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure);
+  // RunContext::run_probe and reconfigure_optimizers (probe.cpp).
+  void run_probe(Callback& probe, int64_t max_steps);
+  void probe_epochs(int64_t max_steps);
+  void reconfigure_optimizers();
   // Why fit_loop ended normally: max_steps, EarlyStopping (its metric and
   // value), should_stop, max_epochs.
   std::string fit_stop_reason() const;
@@ -177,14 +184,8 @@ struct TrainerImpl {
   // Loop state.
   LightningModule* model = nullptr;
   Stage stage = Stage::kFit;
-  int64_t current_epoch = 0;
-  int64_t global_step = 0;
-  int64_t epoch_batches_done = 0;  // batches finished in current_epoch (resume position)
-  bool epoch_finished = false;
-  // The per-epoch schedulers have taken this epoch's step (they step after the epoch-end hooks,
-  // where ModelCheckpoint saves): a checkpoint records it, so that a resumed run takes a step
-  // its checkpoint came before.
-  bool epoch_schedulers_stepped = false;
+  // The epoch, step, resume position, micro-batches and scheduler counts (progress.h).
+  Progress progress;
   bool should_stop = false;
   bool sanity_checking = false;
   // Set while fit handles stop signals: where the loops agree to stop, and
@@ -194,9 +195,10 @@ struct TrainerImpl {
   bool stop_agreed = false;
   bool launched_once = false;
   bool in_training_step = false;
+  // While run_probe runs: the module's schedulers take no step (they are made anew after it).
+  bool schedulers_paused = false;
   int64_t num_training_batches = 0;
   int64_t num_val_batches = 0;  // per validation run of fit, after limits; 0 without a val loader
-  int64_t accumulated = 0;  // micro-batches since the last optimizer step
   // Micro-batches per optimizer step now: the option, reset at each fit's start; a
   // GradientAccumulationScheduler changes it per epoch.
   int64_t accumulate_grad_batches = 1;
@@ -204,7 +206,6 @@ struct TrainerImpl {
   std::shared_ptr<BatchSource> train_source;
   std::shared_ptr<BatchSource> val_source;
   int64_t current_batch_size = 1;
-  std::vector<int64_t> scheduler_counts;  // steps taken by each scheduler
   // This rank's predictions (CPU tensors) of the current or last predict run;
   // in the launching process after a multi-process run, rank 0's.
   std::vector<at::Tensor> predictions;

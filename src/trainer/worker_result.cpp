@@ -23,8 +23,8 @@ c10::IValue TrainerImpl::make_result(const std::vector<at::Tensor>& preds) {
   c10::Dict<std::string, double> cm;
   for (const auto& [k, v] : callback_metrics) cm.insert(k, v);
   r.insert("callback_metrics", cm);
-  r.insert("current_epoch", current_epoch);
-  r.insert("global_step", global_step);
+  r.insert("current_epoch", progress.epoch);
+  r.insert("global_step", progress.global_step);
   r.insert("callbacks", callback_states());
   if (strategy->is_global_zero()) {
     c10::List<std::string> versions;
@@ -52,8 +52,8 @@ void TrainerImpl::apply_result(const c10::IValue& value) {
   for (const auto& kv : r.at("callback_metrics").toGenericDict()) {
     callback_metrics[kv.key().toStringRef()] = kv.value().toDouble();
   }
-  current_epoch = r.at("current_epoch").toInt();
-  global_step = r.at("global_step").toInt();
+  progress.epoch = r.at("current_epoch").toInt();
+  progress.global_step = r.at("global_step").toInt();
   load_callback_states(r.at("callbacks"));
   predictions.clear();
   for (const auto& t : r.at("predictions").toTensorList()) predictions.push_back(t);

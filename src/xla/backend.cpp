@@ -8,12 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
-#include <optional>
 #include <sstream>
 #include <stdexcept>
 
-#include "xla/pjrt/compile_cache.h"
-#include "xla/pjrt/metrics.h"
 
 namespace fulgur::xla {
 namespace {
@@ -35,6 +32,15 @@ std::unique_ptr<Backend>& instance() {
 
 std::unique_ptr<Backend> make_lazy_backend(bool pjrt);  // lazy_backend.cpp
 
+void Backend::copy_to_host(const at::Tensor& tensor, const at::Tensor& dst) const {
+  dst.copy_(tensor.to(at::kCPU).reshape({-1}));
+}
+
+at::Tensor Backend::from_host(const at::Tensor& host, const c10::Device& device) const {
+  // A lazy tensor keeps a reference to the data it was made from: give it its own copy.
+  return host.clone().to(device);
+}
+
 std::string Backend::metrics_report() const {
   const BackendMetrics m = metrics();
   std::ostringstream o;
@@ -55,35 +61,7 @@ std::string Backend::metrics_report() const {
     first = false;
   }
   o << "\n";
-  if (name() == "pjrt") {
-    o << "  xla graphs compiled: " << m.xla_graphs_compiled << "\n";
-    std::snprintf(buf, sizeof buf, "%.3f", m.xla_compile_seconds);
-    o << "  xla compile seconds: " << buf << "  (StableHLO emission and PJRT compile, or compile cache load)\n";
-    o << "  xla executions:      " << m.xla_executions << "\n";
-    std::snprintf(buf, sizeof buf, "%.4g", m.xla_executed_flops);
-    o << "  xla executed flops:  " << buf << "  (XLA's cost analysis of each program run)\n";
-    o << "  bytes to device:     " << m.bytes_to_device << "\n";
-    o << "  bytes to host:       " << m.bytes_to_host << "\n";
-    o << "  buffers donated:     " << m.xla_buffers_donated << " (" << m.xla_bytes_donated
-      << " bytes reused in place)\n";
-    o << "  convolutions:        " << (m.xla_host_convolutions ? "libtorch's kernels (host kernels)" : "XLA's own")
-      << "\n";
-    o << "  graphs kept on TorchScript, by op: ";
-    if (m.xla_fallbacks.empty()) o << "none";
-    bool f = true;
-    for (const auto& [op, n] : m.xla_fallbacks) {
-      o << (f ? "" : ", ") << op << "=" << n;
-      f = false;
-    }
-    o << "\n";
-    o << "  runs of those graphs on TorchScript: " << m.ts_fallback_executions << "\n";
-    const pjrt::RuntimeMetrics r = pjrt::runtime_metrics();
-    const std::optional<std::string> cache = pjrt::compile_cache_dir();
-    o << "  PJRT compiles:       " << r.programs_compiled << "\n";
-    o << "  compile cache:       " << (cache ? *cache : std::string("off")) << "\n";
-    o << "    hits " << r.cache_hits << ", misses " << r.cache_misses << ", entries refused " << r.cache_rejected
-      << "; bytes read " << r.cache_bytes_read << ", written " << r.cache_bytes_written << "\n";
-  }
+  o << backend_report();
   if (m.eager_fallbacks.count("aten::_local_scalar_dense")) {
     o << "    (aten::_local_scalar_dense is item(); the others ran on the CPU outside the graph)\n";
   }

@@ -12,6 +12,7 @@
 #include "runtime/log.h"
 #include "xla/lazy_random.h"
 #include "xla/lazy_views.h"
+#include "xla/pjrt/compile_cache.h"
 #include "xla/pjrt/client.h"
 #include "xla/pjrt/metrics.h"
 #include "xla/pjrt_backend.h"
@@ -120,6 +121,41 @@ std::string describe_change(const Signature& from, const Signature& to) {
          join(from, a, dtype_changed) + " to " + join(to, b, dtype_changed);
 }
 
+// The pjrt backend's lines of metrics_report(): XLA's compiles and executions, the transfers, the
+// graphs kept on TorchScript and the compile cache.
+std::string pjrt_report(const BackendMetrics& m) {
+  std::ostringstream o;
+  char buf[64];
+  o << "  xla graphs compiled: " << m.xla_graphs_compiled << "\n";
+  std::snprintf(buf, sizeof buf, "%.3f", m.xla_compile_seconds);
+  o << "  xla compile seconds: " << buf << "  (StableHLO emission and PJRT compile, or compile cache load)\n";
+  o << "  xla executions:      " << m.xla_executions << "\n";
+  std::snprintf(buf, sizeof buf, "%.4g", m.xla_executed_flops);
+  o << "  xla executed flops:  " << buf << "  (XLA's cost analysis of each program run)\n";
+  o << "  bytes to device:     " << m.bytes_to_device << "\n";
+  o << "  bytes to host:       " << m.bytes_to_host << "\n";
+  o << "  buffers donated:     " << m.xla_buffers_donated << " (" << m.xla_bytes_donated
+    << " bytes reused in place)\n";
+  o << "  convolutions:        " << (m.xla_host_convolutions ? "libtorch's kernels (host kernels)" : "XLA's own")
+    << "\n";
+  o << "  graphs kept on TorchScript, by op: ";
+  if (m.xla_fallbacks.empty()) o << "none";
+  bool f = true;
+  for (const auto& [op, n] : m.xla_fallbacks) {
+    o << (f ? "" : ", ") << op << "=" << n;
+    f = false;
+  }
+  o << "\n";
+  o << "  runs of those graphs on TorchScript: " << m.ts_fallback_executions << "\n";
+  const pjrt::RuntimeMetrics r = pjrt::runtime_metrics();
+  const std::optional<std::string> cache = pjrt::compile_cache_dir();
+  o << "  PJRT compiles:       " << r.programs_compiled << "\n";
+  o << "  compile cache:       " << (cache ? *cache : std::string("off")) << "\n";
+  o << "    hits " << r.cache_hits << ", misses " << r.cache_misses << ", entries refused " << r.cache_rejected
+    << "; bytes read " << r.cache_bytes_read << ", written " << r.cache_bytes_written << "\n";
+  return o.str();
+}
+
 class LazyBackend : public Backend {
  public:
   explicit LazyBackend(bool pjrt) : pjrt_(pjrt) {
@@ -138,6 +174,16 @@ class LazyBackend : public Backend {
 
   std::string name() const override { return pjrt_ ? "pjrt" : "ts"; }
   c10::Device device() const override { return c10::Device(c10::kLazy, 0); }
+  bool update_joins_backward_graph() const override { return pjrt_; }
+
+  void copy_to_host(const at::Tensor& tensor, const at::Tensor& dst) const override {
+    // A value in a PJRT buffer is read straight into `dst`.
+    if (!pjrt_ || !copy_device_value_to_host(tensor, dst)) Backend::copy_to_host(tensor, dst);
+  }
+
+  at::Tensor from_host(const at::Tensor& host, const c10::Device& device) const override {
+    return pjrt_ ? device_tensor_from_host(host, device) : Backend::from_host(host, device);
+  }
 
   void mark_step() override {
     const auto t0 = std::chrono::steady_clock::now();
@@ -211,6 +257,8 @@ class LazyBackend : public Backend {
     }
     return m;
   }
+
+  std::string backend_report() const override { return pjrt_ ? pjrt_report(metrics()) : std::string(); }
 
   std::string metrics_report() const override {
     std::string r = Backend::metrics_report();

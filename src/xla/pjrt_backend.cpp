@@ -285,11 +285,11 @@ void note_fallback(const std::vector<std::string>& reasons) {
   ++metrics_.graphs_fallen_back;
   for (const auto& r : reasons) {
     ++metrics_.fallbacks[r];
+    // Once per op in the whole run: each stage's workers would warn again.
     if (warned_.insert(r).second) {
-      runtime::log_rank_zero(runtime::LogLevel::kWarning,
-                             "xla (pjrt): a graph with " + r +
-                                 " runs on the TorchScript backend instead of XLA (warned once per op; counts in "
-                                 "fulgur::xla::metrics_report())");
+      runtime::warn_rank_zero_once("xla (pjrt): a graph with " + r +
+                                   " runs on the TorchScript backend instead of XLA (warned once per op; counts in "
+                                   "fulgur::xla::metrics_report())");
     }
   }
 }

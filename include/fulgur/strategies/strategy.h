@@ -35,6 +35,9 @@ class Launcher;
 class LightningModule;
 class Precision;
 class Trainer;
+namespace detail {
+struct TrainerImpl;
+}
 
 // How Strategy::reduce_boolean_decision combines the ranks' decisions.
 enum class DecisionRule { kAll, kAny };
@@ -67,7 +70,7 @@ class Strategy {
   LightningModule* model() const { return model_; }
   // In the worker, before setup: device backend and process group.
   virtual void setup_environment();
-  // Precision conversion, model_to_device, then (when fitting) the optimizers.
+  // Precision conversion, model_to_device, then (when fitting) the optimizers (setup_optimizers).
   virtual void setup(Trainer& trainer);
   // Parameters and buffers onto root_device(); tied weights stay tied.
   virtual void model_to_device();
@@ -132,6 +135,13 @@ class Strategy {
   virtual void remove_checkpoint(const std::string& path);
 
  protected:
+  // The module's configure_optimizers, checked, with any optimizer state on the parameters'
+  // device (Lightning's setup_optimizers). setup calls it when fitting, and the Trainer again
+  // after LearningRateFinder's test (which keeps its count of scheduler steps in step with the
+  // new schedulers, hence not public). REQUIRES: the module is on its device.
+  void setup_optimizers();
+  friend struct detail::TrainerImpl;
+
   // How many ranks hold a true `decision` (reduce_boolean_decision's count).
   virtual int64_t count_true(bool decision);
 

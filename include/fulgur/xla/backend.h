@@ -68,6 +68,17 @@ class Backend {
   virtual void mark_step() = 0;
   // Drops cached graphs and device data.
   virtual void reset() {}
+  // Whether the optimizer's update may be traced into the graph of the forward and backward (one
+  // graph per step): true where a graph compiler fuses them (pjrt). The TorchScript backend runs
+  // the forward and backward as a graph of their own before the update, which was faster there.
+  virtual bool update_joins_backward_graph() const { return false; }
+  // Copies the value of `tensor`, a tensor of this backend's device with no pending graph (a
+  // gradient after the step mark), into `dst`, a contiguous CPU tensor of its dtype and element
+  // count. Default: through a CPU copy of `tensor`; pjrt: one copy out of its device buffer.
+  virtual void copy_to_host(const at::Tensor& tensor, const at::Tensor& dst) const;
+  // A tensor on `device` (this backend's) holding `host`'s values in storage of its own: `host`
+  // may change afterwards. Default: a copy moved to the device; pjrt: one copy into a new buffer.
+  virtual at::Tensor from_host(const at::Tensor& host, const c10::Device& device) const;
   virtual BackendMetrics metrics() const { return BackendMetrics{}; }
   // The device's allocator statistics in bytes by name (PJRT_Device_MemoryStats: bytes_in_use,
   // peak_bytes_in_use, bytes_limit... as the plugin gives them); empty for the eager and
@@ -75,6 +86,13 @@ class Backend {
   virtual std::map<std::string, int64_t> device_memory_stats() const { return {}; }
   // Readable text: the numbers of metrics(), plus backend details.
   virtual std::string metrics_report() const;
+
+ protected:
+  // Lines of this backend's own counters, which metrics_report() puts after the common ones
+  // (pjrt: XLA's compiles, executions, transfers, fallbacks and the compile cache); default none.
+  virtual std::string backend_report() const { return {}; }
+
+ public:
   // The inputs of the step about to be traced (the batch tensors). Only their
   // shapes and dtypes are kept; they name what changed when a graph is
   // recompiled after warm-up. Call it before the mark_step that precedes the

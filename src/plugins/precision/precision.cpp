@@ -2,6 +2,7 @@
 #include <fulgur/plugins/precision/precision.h>
 
 #include "optim/fused_adam.h"
+#include "xla/lazy_autocast.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
@@ -73,10 +74,18 @@ ForwardContext::ForwardContext(const Precision& precision) {
   at::autocast::set_autocast_enabled(at::kCUDA, true);
   at::autocast::set_autocast_dtype(at::kCUDA, *dtype);
   at::autocast::increment_nesting();
+  if (precision.autocasts_xla_tensors()) {
+    xla_ = true;
+    const xla::detail::LazyAutocastState previous = xla::detail::enter_lazy_autocast(*dtype);
+    was_xla_included_ = previous.included;
+    was_xla_enabled_ = previous.enabled;
+    previous_xla_dtype_ = previous.dtype;
+  }
 }
 
 ForwardContext::~ForwardContext() {
   if (!active_) return;
+  if (xla_) xla::detail::exit_lazy_autocast({was_xla_included_, was_xla_enabled_, previous_xla_dtype_});
   // The outermost context drops the cached bfloat16 copies of the weights, as torch.autocast does.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
   at::autocast::set_autocast_enabled(at::kCPU, was_cpu_enabled_);

@@ -39,14 +39,12 @@ void run_closure(const torch::nn::Module& module, const std::function<void()>& c
 void XLAPrecision::optimizer_step(torch::optim::Optimizer& optimizer, const torch::nn::Module& module,
                                   const std::function<void()>& closure, const std::function<void()>& before_step) const {
   run_closure(module, closure);
-  // On PJRT the forward, backward and update are one graph unless before_step
-  // marks a step (XLAStrategy::sync_gradients does on several processes, where
-  // Gloo needs the gradients): XLA compiles the update into the backward, and a
-  // step has one graph to sync and run instead of two (MNIST MLP step 0.88x,
-  // bench/history/libtorch-1.13.md). With the TorchScript backend the forward and backward
-  // stay a graph of their own: one graph for the whole step was slower there
-  // (charlm and the MNIST CNN, bench/history/libtorch-1.13.md).
-  if (xla::backend().name() != "pjrt") xla::mark_step();
+  // Where the backend compiles the update into the backward (pjrt), the forward, backward and
+  // update are one graph unless before_step marks a step (XLAStrategy::sync_gradients does on
+  // several processes, where Gloo needs the gradients): a step has one graph to sync and run
+  // instead of two. Elsewhere (the TorchScript backend) the forward and backward stay a graph of
+  // their own (docs/DECISIONS.md, "One graph per step").
+  if (!xla::backend().update_joins_backward_graph()) xla::mark_step();
   if (before_step) before_step();
   update(optimizer);
   xla::mark_step();

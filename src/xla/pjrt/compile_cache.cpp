@@ -52,7 +52,9 @@ uint32_t entry_checksum(std::string_view header56, std::string_view payload) {
 
 std::string errno_text() { return std::strerror(errno); }
 
-// Warns once per process for each distinct `what` (a folder, an entry's path and reason).
+// Warns once per process for each distinct `what` (a folder, an entry's path and reason), and a
+// given text once in the whole run (runtime::warn_once): every rank of every stage's workers
+// meets the same folder and the same entries.
 void warn_once(const std::string& what, const std::string& message) {
   static std::mutex& mu = *new std::mutex;
   static auto& warned = *new std::set<std::string>;
@@ -60,7 +62,7 @@ void warn_once(const std::string& what, const std::string& message) {
     std::lock_guard<std::mutex> lock(mu);
     if (!warned.insert(what).second) return;
   }
-  runtime::log(runtime::LogLevel::kWarning, "xla compile cache: " + message);
+  runtime::warn_once("xla compile cache: " + message);
 }
 
 std::mutex default_dir_mu;

@@ -12,7 +12,9 @@
 //                 the ones it keeps in float32 (losses, softmax, norms, ...)
 //                 stay there. The backward runs outside autocast; gradients
 //                 reach the float32 parameters as float32. On CUDA devices
-//                 the same, with CUDA autocast.
+//                 the same, with CUDA autocast; on xla devices with fulgur's
+//                 autocast of lazy tensors (XLAPrecision, xla.h), whose casts
+//                 are ops of the compiled graph.
 //   "16-mixed"    float16 autocast on CUDA devices (Lightning's MixedPrecision):
 //                 float32 parameters, the steps' forward under CUDA autocast to
 //                 float16, and a GradScaler (grad_scaler.h) that scales the
@@ -55,6 +57,9 @@ class Precision {
   std::optional<c10::ScalarType> autocast_dtype() const;
   // Whether the steps' devices must be CUDA devices (16-mixed).
   bool needs_cuda() const { return name_ == "16-mixed"; }
+  // Whether ForwardContext also autocasts lazy (xla) tensors: XLAPrecision's
+  // answer for bf16-mixed (xla.h); false here.
+  virtual bool autocasts_xla_tensors() const { return false; }
   // The loss that backward runs from: loss * the scaler's scale for 16-mixed, else `loss`.
   virtual at::Tensor pre_backward(const at::Tensor& loss) const;
   // After the gradients are synced across ranks and before clipping: divides
@@ -95,7 +100,8 @@ class Precision {
 
 // Lightning's Precision.forward_context(): while alive, the ops run on this
 // thread are autocast as `precision` asks (CPU autocast to bfloat16 for
-// bf16-mixed; nothing for the others). Nests; the destructor restores the
+// bf16-mixed, and lazy tensors' when precision.autocasts_xla_tensors();
+// nothing for the others). Nests; the destructor restores the
 // autocast state it found. The strategies hold one around each
 // training/validation/test/predict step.
 class ForwardContext {
@@ -107,6 +113,9 @@ class ForwardContext {
 
  private:
   bool active_ = false;
+  bool xla_ = false;  // lazy tensors autocast too; the three below restore it
+  bool was_xla_included_ = false, was_xla_enabled_ = false;
+  c10::ScalarType previous_xla_dtype_ = c10::kBFloat16;
   bool was_cpu_enabled_ = false;
   bool was_cuda_enabled_ = false;
   c10::ScalarType previous_cpu_dtype_ = c10::kBFloat16;

@@ -10,9 +10,14 @@ namespace fulgur {
 
 class XLAPrecision : public Precision {
  public:
-  // "32-true" or "bf16-true"; the xla strategies refuse "bf16-mixed" (CPU
-  // autocast does not reach xla devices).
+  // "32-true", "bf16-true" or "bf16-mixed"; the xla strategies refuse
+  // "16-mixed" (float16 autocast is CUDA's).
   using Precision::Precision;
+  // bf16-mixed: the steps' forward autocasts lazy tensors to bfloat16
+  // (src/xla/lazy_autocast.h): matrix products and convolutions in bfloat16,
+  // softmax, norms, reductions and losses in float32, float32 parameters; the
+  // casts are ops of the traced graph.
+  bool autocasts_xla_tensors() const override { return autocast_dtype().has_value(); }
   // Precision::optimizer_step with the step marks of a lazy device: on the
   // TorchScript backend a step is marked after the closure, so that forward and
   // backward run as their own graph (on PJRT they join the update's graph,
