@@ -28,7 +28,8 @@ namespace {
 // FULGUR_XLA_HOST_KERNELS=1 makes convolutions on the CPU plugin call libtorch's kernels
 // (xla/host_kernels.h), 0 keeps XLA's own; unset, the CPU plugin uses libtorch's, which were
 // faster for the MNIST CNN's step on one process and on two workers (figures in
-// bench/history/libtorch-1.13.md). A plugin of another platform runs XLA's own.
+// bench/history/libtorch-1.13.md). A plugin of another platform runs XLA's own. The CPU plugin
+// also gets the emitter's xla_cpu platform rules (EmitOptions::xla_cpu).
 const stablehlo::EmitOptions& emit_options() {
   static const stablehlo::EmitOptions options = [] {
     stablehlo::EmitOptions o;
@@ -38,9 +39,10 @@ const stablehlo::EmitOptions& emit_options() {
                                   "' is not valid: \"0\" (XLA's own convolutions), \"1\" (convolutions on the "
                                   "CPU plugin run libtorch's kernels), or unset (libtorch's on the CPU plugin, "
                                   "XLA's own on others)");
-    if (v == "0") return o;
     const pjrt::Client& client = pjrt::process_client();
     const bool cpu = client.platform_name() == "cpu";
+    o.xla_cpu = cpu;  // the XLA:CPU forms of the shifted-sum convolution and the packed max pool
+    if (v == "0") return o;
     if (v == "1" && !cpu)
       throw std::invalid_argument("FULGUR_XLA_HOST_KERNELS=1 needs the CPU plugin; the plugin " +
                                   client.plugin().path() + " runs on '" + client.platform_name() + "'");
