@@ -173,6 +173,16 @@ std::shared_ptr<TensorDataset> regression_data(int64_t n, int64_t in, uint64_t s
   return std::make_shared<TensorDataset>(x, y);
 }
 
+std::shared_ptr<DataLoader> regression_loader(int64_t n, int64_t batch) {
+  return std::make_shared<DataLoader>(regression_data(n), DataLoaderOptions(batch));
+}
+
+Weights weights_of(torch::nn::Module& module) {
+  Weights out;
+  for (const auto& p : module.named_parameters(true)) out.emplace_back(p.key(), p.value().detach().to(torch::kCPU).clone());
+  return out;
+}
+
 std::vector<int> processes_matching(const std::string& needle) {
   std::vector<int> out;
   for (const auto& e : fs::directory_iterator("/proc")) {

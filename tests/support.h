@@ -95,6 +95,13 @@ TrainerOptions quiet_cpu_options(const std::string& root);
 // n samples of a fixed random linear problem.
 std::shared_ptr<TensorDataset> regression_data(int64_t n, int64_t in = 8, uint64_t seed = 0);
 
+// A loader of regression_data(n) in batches of `batch`.
+std::shared_ptr<DataLoader> regression_loader(int64_t n, int64_t batch);
+
+// A module's parameters by name, copied to the CPU (a later step leaves the copies alone).
+using Weights = std::vector<std::pair<std::string, at::Tensor>>;
+Weights weights_of(torch::nn::Module& module);
+
 // Live children of this process whose command line contains `needle`.
 std::vector<int> processes_matching(const std::string& needle);
 

@@ -22,17 +22,10 @@ namespace {
 
 TrainerOptions quiet(const std::string& root) { return fulgur::testing::quiet_cpu_options(root); }
 
-std::shared_ptr<DataLoader> loader(int64_t n, int64_t batch) {
-  return std::make_shared<DataLoader>(regression_data(n), DataLoaderOptions(batch));
-}
+std::shared_ptr<DataLoader> loader(int64_t n, int64_t batch) { return fulgur::testing::regression_loader(n, batch); }
 
-using Weights = std::vector<std::pair<std::string, at::Tensor>>;
-
-Weights weights_of(torch::nn::Module& m) {
-  Weights out;
-  for (const auto& p : m.named_parameters(true)) out.emplace_back(p.key(), p.value().detach().to(torch::kCPU).clone());
-  return out;
-}
+using fulgur::testing::Weights;
+using fulgur::testing::weights_of;
 
 // The weights of `a` and `b` agree name by name, bit for bit.
 void expect_same(const Weights& a, const Weights& b, const std::string& what) {
