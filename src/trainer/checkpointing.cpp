@@ -198,7 +198,7 @@ void TrainerImpl::restore(const std::string& path) {
   load_state_dict(*model, c10::impl::toTypedDict<std::string, c10::IValue>(sd.toGenericDict()), true, where);
   if (stage != Stage::kFit) return;
   // The loop and generator state first: a checkpoint without it is refused before anything is restored.
-  const Progress saved = Progress::from_checkpoint(ckpt, where, train_source->num_batches());
+  const Progress saved = Progress::from_checkpoint(ckpt, where, fit_loop.train_source->num_batches());
   const at::Tensor rng_states = ckpt.contains("rng_states")
                                     ? checkpoint_entry(ckpt, {"rng_states", "torch"}, where, c10::TensorType::get()).toTensor()
                                     : at::Tensor();

@@ -28,7 +28,7 @@ void TrainerImpl::log(const std::string& name, const at::Tensor& value, const Lo
                                 "collective that the other ranks would never join; drop one of the two");
   }
   if (opts.rank_zero_only() && !strategy->is_global_zero()) return;
-  results.log(name, value, opts, in_training_step, current_batch_size, reducer());
+  results.log(name, value, opts, fit_loop.epoch_loop.in_training_step(), current_batch_size, reducer());
 }
 ResultCollection::Reducer TrainerImpl::reducer() {
   return [this](const at::Tensor& t, const std::string& op) { return strategy->reduce(t, op); };

@@ -62,17 +62,16 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     TrainerImpl* self;
     ~Detach() {
       attach(*self->model, nullptr);
-      self->train_source.reset();
-      self->val_source.reset();
+      self->fit_loop.train_source.reset();
+      self->fit_loop.val_source.reset();
     }
   } detach{this};
   // Installed once the rendezvous and the restore are done, as Lightning
   // registers its handlers: until then SIGTERM and SIGINT keep their default
   // action and end the worker at once, wherever it waits.
   std::optional<runtime::StopSignalGuard> signals;
-  train_poll.reset();
-  eval_poll.reset();
-  stop_agreed = false;
+  fit_loop.reset(std::nullopt);
+  evaluation_loop.reset(std::nullopt);
   runtime::apply_malloc_policy();
 
   strategy->setup_environment();
@@ -129,7 +128,7 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     }
   }
   strategy->setup(owner);
-  accumulate_grad_batches = options.accumulate_grad_batches();
+  fit_loop.epoch_loop.automatic.reset(options.accumulate_grad_batches());
   for (auto& c : callbacks) c->setup(owner, m, run_stage);
   // Every version before any logger writes: loggers on one root_dir and name share version_<N>.
   if (strategy->is_global_zero())
@@ -139,16 +138,15 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
   pending_callback_metrics.clear();
   callback_metrics.clear();
   progress_bar_metrics.clear();
-  should_stop = false;
+  fit_loop.set_should_stop(false);
 
-  predictions.clear();
-  predict_batch_indices.clear();
+  predict_loop.clear();
   std::string path = resolve_ckpt_path(ckpt_path);
   if (run_stage == Stage::kFit && restart_count() > 0) path = resume_after_restart(path);
   if (run_stage == Stage::kFit) {
     if (!data.train) throw std::invalid_argument("fit: no training loader (pass one, or give the DataModule a train_dataloader)");
-    train_source = strategy->process_dataloader(data.train);
-    val_source = data.val ? strategy->process_dataloader(data.val) : nullptr;
+    fit_loop.train_source = strategy->process_dataloader(data.train);
+    fit_loop.val_source = data.val ? strategy->process_dataloader(data.val) : nullptr;
     progress.epoch = 0;
     progress.global_step = 0;
     progress.batches_done = 0;
@@ -166,12 +164,12 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
       // Agreements about a quarter of a second apart: a signal is acted on
       // well within a second unless one batch takes longer than that.
       constexpr std::chrono::milliseconds kStopAgreeEvery{250};
-      train_poll.emplace(agree, kStopAgreeEvery);
-      eval_poll.emplace(agree, kStopAgreeEvery);
+      fit_loop.reset(StopPoll(agree, kStopAgreeEvery));
+      evaluation_loop.reset(StopPoll(agree, kStopAgreeEvery));
     }
     if (strategy->is_global_zero())
       for (auto& l : loggers) l->log_hyperparams(model->hparams());
-    fit_loop();
+    fit_loop.run();
   } else {
     if (!data.eval) {
       throw std::invalid_argument(std::string(to_string(run_stage)) + ": no loader (pass one, or give the DataModule a " +
@@ -187,15 +185,15 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
                                                      : "limit_predict_batches";
     const int64_t n = resolved.batches(limit, source->num_batches(), what);
     if (run_stage == Stage::kPredict) {
-      predict_loop(*source, n);
+      predict_loop.run(*source, n);
     } else {
-      auto metrics = evaluation_loop(run_stage, *source, n);
+      auto metrics = evaluation_loop.run(run_stage, *source, n);
       for (const auto& [k, v] : metrics) callback_metrics[k] = v;
       if (strategy->is_global_zero())
         for (auto& l : loggers) l->save();
     }
   }
-  return make_result(predictions);
+  return make_result(predict_loop.predictions());
 }
 
 c10::IValue TrainerImpl::run(Stage run_stage, LightningModule& m, StageData data, const std::string& ckpt_path) {

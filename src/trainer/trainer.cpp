@@ -47,13 +47,13 @@ void detail::TrainerRunContext::log(const std::string& name, const at::Tensor& v
 }
 
 void detail::TrainerRunContext::optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure) {
-  impl_.manual_optimizer_step(optimizer, closure);
+  impl_.fit_loop.epoch_loop.manual.optimizer_step(optimizer, closure);
 }
 
-const std::vector<at::Tensor>& detail::TrainerRunContext::predictions() const { return impl_.predictions; }
+const std::vector<at::Tensor>& detail::TrainerRunContext::predictions() const { return impl_.predict_loop.predictions(); }
 
 const std::vector<std::vector<int64_t>>& detail::TrainerRunContext::predict_batch_indices() const {
-  return impl_.predict_batch_indices;
+  return impl_.predict_loop.batch_indices();
 }
 
 void detail::TrainerRunContext::run_probe(Callback& probe, int64_t max_steps) { impl_.run_probe(probe, max_steps); }
@@ -99,34 +99,36 @@ Metrics Trainer::test(LightningModule& model, std::shared_ptr<BatchSource> loade
 
 std::vector<at::Tensor> Trainer::predict(LightningModule& model, DataModule& datamodule, const std::string& ckpt_path) {
   impl_->run(Stage::kPredict, model, detail::StageData::from(datamodule), ckpt_path);
-  return impl_->predictions;
+  return impl_->predict_loop.predictions();
 }
 
 std::vector<at::Tensor> Trainer::predict(LightningModule& model, std::shared_ptr<BatchSource> loader,
                                          const std::string& ckpt_path) {
   impl_->run(Stage::kPredict, model, detail::StageData::from(Stage::kPredict, std::move(loader)), ckpt_path);
-  return impl_->predictions;
+  return impl_->predict_loop.predictions();
 }
 
 const TrainerOptions& Trainer::options() const { return impl_->options; }
 Strategy& Trainer::strategy() const { return *impl_->strategy; }
 int64_t Trainer::current_epoch() const { return impl_->progress.epoch; }
 int64_t Trainer::global_step() const { return impl_->progress.global_step; }
-bool Trainer::should_stop() const { return impl_->should_stop; }
-void Trainer::set_should_stop(bool value) { impl_->should_stop = value; }
-bool Trainer::sanity_checking() const { return impl_->sanity_checking; }
+bool Trainer::should_stop() const { return impl_->fit_loop.should_stop(); }
+void Trainer::set_should_stop(bool value) { impl_->fit_loop.set_should_stop(value); }
+bool Trainer::sanity_checking() const { return impl_->evaluation_loop.sanity_checking(); }
 bool Trainer::is_global_zero() const { return impl_->strategy->is_global_zero(); }
 int64_t Trainer::world_size() const { return impl_->strategy->world_size(); }
 int64_t Trainer::global_rank() const { return impl_->strategy->global_rank(); }
-int64_t Trainer::num_training_batches() const { return impl_->num_training_batches; }
-int64_t Trainer::num_val_batches() const { return impl_->num_val_batches; }
+int64_t Trainer::num_training_batches() const { return impl_->fit_loop.num_training_batches(); }
+int64_t Trainer::num_val_batches() const { return impl_->fit_loop.num_val_batches(); }
 int64_t Trainer::max_epochs() const { return impl_->resolved.max_epochs; }
 int64_t Trainer::max_steps() const { return impl_->options.max_steps(); }
-int64_t Trainer::accumulate_grad_batches() const { return impl_->accumulate_grad_batches; }
+int64_t Trainer::accumulate_grad_batches() const {
+  return impl_->fit_loop.epoch_loop.automatic.accumulate_grad_batches();
+}
 
 void Trainer::set_accumulate_grad_batches(int64_t k) {
   if (k < 1) throw std::invalid_argument("accumulate_grad_batches=" + std::to_string(k) + " must be >= 1");
-  impl_->accumulate_grad_batches = k;
+  impl_->fit_loop.epoch_loop.automatic.set_accumulate_grad_batches(k);
 }
 
 const Metrics& Trainer::callback_metrics() const {

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The Trainer's state and loops (private to the library). The members are
+// The Trainer's state (private to the library): the options, the strategy,
+// callbacks and loggers, the loop position (Progress) and the logged values,
+// with the loops (loops/) as members, each owning its flags. The members are
 // defined by concern: options.cpp (the constructor), run.cpp (run,
-// run_in_worker), loops.cpp, logging.cpp, checkpointing.cpp,
+// run_in_worker), logging.cpp, checkpointing.cpp, probe.cpp,
 // worker_result.cpp; trainer.cpp is the façade.
 
 #include <fulgur/callbacks/callback.h>
@@ -14,10 +16,12 @@
 
 #include <torch/optim/optimizer.h>
 
+#include "trainer/loops/evaluation_loop.h"
+#include "trainer/loops/fit_loop.h"
+#include "trainer/loops/prediction_loop.h"
 #include "trainer/progress.h"
 #include "trainer/results.h"
 #include "trainer/run_context.h"
-#include "trainer/stop_poll.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -46,6 +50,11 @@ inline std::string format_metric(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.6g", v);
   return buf;
+}
+
+// The size of a batch for logging's weighted means: its data's first dimension, else 1.
+inline int64_t batch_size_of(const Batch& batch) {
+  return batch.data.defined() && batch.data.dim() > 0 ? batch.data.size(0) : 1;
 }
 
 // Where a stage's loaders come from (called in the worker, after setup).
@@ -119,15 +128,6 @@ struct TrainerImpl {
 
   // --- inside a worker ---
   c10::IValue run_in_worker(Stage stage, LightningModule& model, StageData data, const std::string& ckpt_path);
-  void fit_loop();
-  // Runs validation over `source`; returns the epoch metrics.
-  Metrics evaluation_loop(Stage stage, BatchSource& source, int64_t max_batches);
-  // Fills `predictions` and `predict_batch_indices`.
-  void predict_loop(BatchSource& source, int64_t max_batches);
-  void training_batch(const Batch& batch, int64_t batch_idx);
-  void optimizer_step_automatic(const Batch& batch, int64_t batch_idx, StepOutput& out, bool sync_now);
-  void clip_gradients(torch::optim::Optimizer& optimizer);
-  void step_schedulers(const std::string& interval);
   void log_step_metrics(bool force);
   // Records epoch aggregates (already read to doubles in `read`) in
   // callback_metrics, the progress bar and the logger.
@@ -136,21 +136,13 @@ struct TrainerImpl {
   // Reduces a logged value across ranks (for sync_dist).
   ResultCollection::Reducer reducer();
   void log(const std::string& name, const at::Tensor& value, const LogOptions& options);
-  // A step of manual optimization (LightningOptimizer::step), counted in global_step.
-  void manual_optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure);
   // RunContext::run_probe and reconfigure_optimizers (probe.cpp).
   void run_probe(Callback& probe, int64_t max_steps);
   void probe_epochs(int64_t max_steps);
   void reconfigure_optimizers();
-  // Why fit_loop ended normally: max_steps, EarlyStopping (its metric and
-  // value), should_stop, max_epochs.
-  std::string fit_stop_reason() const;
   // Rank 0 prints, at info: why fit stopped, the best checkpoint and its
   // score, and the log folder.
   void report_fit_end(const std::string& why) const;
-  // Whether a stop signal (on any rank) ends the loop `poll` serves after this
-  // batch (false when fit does not handle signals: no poll).
-  bool stop_requested(std::optional<StopPoll>& poll, bool force);
 
   // --- checkpoints ---
   Checkpoint dump_checkpoint();
@@ -181,37 +173,20 @@ struct TrainerImpl {
   // Rank 0 calls each, in order; empty with logger(false) or fast_dev_run.
   std::vector<std::shared_ptr<Logger>> loggers;
 
-  // Loop state.
   LightningModule* model = nullptr;
   Stage stage = Stage::kFit;
   // The epoch, step, resume position, micro-batches and scheduler counts (progress.h).
   Progress progress;
-  bool should_stop = false;
-  bool sanity_checking = false;
-  // Set while fit handles stop signals: where the loops agree to stop, and
-  // whether an evaluation loop inside fit already agreed.
-  std::optional<StopPoll> train_poll;
-  std::optional<StopPoll> eval_poll;
-  bool stop_agreed = false;
+  // The loops (Lightning's fit_loop, validate/test loop and predict_loop); fit's
+  // validation runs through evaluation_loop too.
+  FitLoop fit_loop{*this};
+  EvaluationLoop evaluation_loop{*this};
+  PredictionLoop predict_loop{*this};
+  // A fit has been launched: a strategy that starts processes refuses a second.
   bool launched_once = false;
-  bool in_training_step = false;
-  // While run_probe runs: the module's schedulers take no step (they are made anew after it).
-  bool schedulers_paused = false;
-  int64_t num_training_batches = 0;
-  int64_t num_val_batches = 0;  // per validation run of fit, after limits; 0 without a val loader
-  // Micro-batches per optimizer step now: the option, reset at each fit's start; a
-  // GradientAccumulationScheduler changes it per epoch.
-  int64_t accumulate_grad_batches = 1;
   int64_t last_logged_step = -1;
-  std::shared_ptr<BatchSource> train_source;
-  std::shared_ptr<BatchSource> val_source;
+  // The batch size LightningModule::log weighs epoch means with: the running batch's.
   int64_t current_batch_size = 1;
-  // This rank's predictions (CPU tensors) of the current or last predict run;
-  // in the launching process after a multi-process run, rank 0's.
-  std::vector<at::Tensor> predictions;
-  // The dataset indices of each batch in `predictions` (empty lists when the
-  // source is not a DataLoader, whose indices are unknown). This rank's.
-  std::vector<std::vector<int64_t>> predict_batch_indices;
   // The launching process of a multi-process fit has no optimizers of its
   // own: rank 0's whole checkpoint at the end of fit comes back with the
   // result, so that Trainer::save_checkpoint after fit is complete there too.

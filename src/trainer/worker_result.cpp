@@ -55,8 +55,9 @@ void TrainerImpl::apply_result(const c10::IValue& value) {
   progress.epoch = r.at("current_epoch").toInt();
   progress.global_step = r.at("global_step").toInt();
   load_callback_states(r.at("callbacks"));
-  predictions.clear();
+  std::vector<at::Tensor> predictions;
   for (const auto& t : r.at("predictions").toTensorList()) predictions.push_back(t);
+  predict_loop.set_predictions(std::move(predictions));
   if (r.contains("checkpoint")) {
     final_checkpoint = c10::impl::toTypedDict<std::string, c10::IValue>(r.at("checkpoint").toGenericDict());
   }
