@@ -35,6 +35,7 @@ namespace fulgur {
 class Strategy;
 }
 
+
 namespace fulgur::detail {
 
 // The first callback of type T, or nullptr.
@@ -99,6 +100,7 @@ struct ResolvedOptions {
 };
 
 struct TrainerImpl;
+class SignalConnector;
 
 // The RunContext of a TrainerImpl (run_context(trainer) returns it).
 class TrainerRunContext final : public RunContext {
@@ -126,8 +128,19 @@ struct TrainerImpl {
   // brings rank 0's results back into this process.
   c10::IValue run(Stage stage, LightningModule& model, StageData data, const std::string& ckpt_path);
 
-  // --- inside a worker ---
+  // --- inside a worker (run.cpp) ---
+  // The guards, then load_stage_data, setup_stage, and run_fit or run_evaluation.
   c10::IValue run_in_worker(Stage stage, LightningModule& model, StageData data, const std::string& ckpt_path);
+  // Seeding, then the DataModule's setup and its loaders for the stage (into `data`).
+  void load_stage_data(StageData& data);
+  // The strategy's and the callbacks' setup, the loggers' versions, and the run's counters and
+  // metrics cleared.
+  void setup_stage();
+  // The fit's loaders, the restore from `ckpt_path` (if any), the stop signals (installed into
+  // `signals`, which the caller keeps for the stage), FitLoop::run.
+  void run_fit(const StageData& data, const std::string& ckpt_path, SignalConnector& signals);
+  // validate, test or predict: the restore, the loader after its limit, the stage's loop.
+  void run_evaluation(const StageData& data, const std::string& ckpt_path);
   void log_step_metrics(bool force);
   // Records epoch aggregates (already read to doubles in `read`) in
   // callback_metrics, the progress bar and the logger.

@@ -30,10 +30,9 @@ class AutomaticOptimization {
   // Throws std::runtime_error when training_step returns no loss.
   StepOutput run(const Batch& batch, int64_t batch_idx, bool last, bool& stepped);
 
-  // Micro-batches per optimizer step: the option at each stage's start (reset), or what a
+  // Micro-batches per optimizer step: the option, set at each stage's start, or what a
   // GradientAccumulationScheduler set for the epoch. REQUIRES: k >= 1 (Trainer checks).
   int64_t accumulate_grad_batches() const { return accumulate_grad_batches_; }
-  void reset(int64_t accumulate_grad_batches) { accumulate_grad_batches_ = accumulate_grad_batches; }
   void set_accumulate_grad_batches(int64_t k) { accumulate_grad_batches_ = k; }
 
   // Whether training_step is running (LightningModule::log's on_step/on_epoch defaults).
