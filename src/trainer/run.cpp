@@ -90,21 +90,6 @@ struct FinalizeOnFailure {
 
 }  // namespace
 
-std::string TrainerImpl::resume_after_restart(const std::string& ckpt_path) {
-  // Rank 0 reads the records in node 0's launch folder; every rank restores the same file.
-  const std::string mine = strategy->is_global_zero() ? last_checkpoint_of_this_launch() : "";
-  const std::string found = strategy->broadcast(c10::IValue(mine), 0).toStringRef();
-  const std::string which = "restart " + std::to_string(restart_count()) + " of the launch: ";
-  if (!found.empty()) {
-    runtime::log_rank_zero(runtime::LogLevel::kInfo, which + "resuming from " + found);
-    return found;
-  }
-  runtime::log_rank_zero(runtime::LogLevel::kWarning,
-                         which + "no earlier attempt wrote a last.ckpt; starting " +
-                             (ckpt_path.empty() ? std::string("from scratch") : "from " + ckpt_path) + " again");
-  return ckpt_path;
-}
-
 c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, StageData data, const std::string& ckpt_path) {
   stage = run_stage;
   model = &m;
@@ -121,9 +106,9 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
   FinalizeOnFailure finalize_on_failure{this};
   load_stage_data(data);
   setup_stage();
-  std::string path = resolve_ckpt_path(ckpt_path);
+  std::string path = checkpoints.resolve_ckpt_path(ckpt_path);
   if (run_stage == Stage::kFit) {
-    if (restart_count() > 0) path = resume_after_restart(path);
+    if (restart_count() > 0) path = checkpoints.resume_after_restart(path);
     run_fit(data, path, signals);
   } else {
     run_evaluation(data, path);
@@ -172,7 +157,7 @@ void TrainerImpl::run_fit(const StageData& data, const std::string& ckpt_path, S
   progress.global_step = 0;
   progress.batches_done = 0;
   progress.accumulated = 0;
-  if (!ckpt_path.empty()) restore(ckpt_path);
+  if (!ckpt_path.empty()) checkpoints.restore(ckpt_path);
   signals.install(*this);
   if (strategy->is_global_zero())
     for (auto& l : loggers) l->log_hyperparams(model->hparams());
@@ -184,7 +169,7 @@ void TrainerImpl::run_evaluation(const StageData& data, const std::string& ckpt_
     throw std::invalid_argument(std::string(to_string(stage)) + ": no loader (pass one, or give the DataModule a " +
                                 (stage == Stage::kValidate ? "val" : to_string(stage)) + "_dataloader)");
   }
-  if (!ckpt_path.empty()) restore(ckpt_path);
+  if (!ckpt_path.empty()) checkpoints.restore(ckpt_path);
   auto source = strategy->process_dataloader(data.eval);
   const BatchLimit& limit = stage == Stage::kValidate ? options.limit_val_batches()
                             : stage == Stage::kTest   ? options.limit_test_batches()

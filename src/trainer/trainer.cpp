@@ -161,14 +161,14 @@ ModelCheckpoint* Trainer::checkpoint_callback() const { return detail::find_call
 const OptimizerConfig& Trainer::optimizer_config() const { return impl_->strategy->optimizer_config(); }
 
 Checkpoint Trainer::dump_checkpoint() {
-  if (impl_->final_checkpoint && !is_fulgur_worker()) {
+  if (impl_->checkpoints.final_checkpoint && !is_fulgur_worker()) {
     // After a multi-process fit, in the launching process: rank 0's state at
     // the end of fit, with the weights of the model as they are now.
-    Checkpoint c = impl_->final_checkpoint->copy();
+    Checkpoint c = impl_->checkpoints.final_checkpoint->copy();
     c.insert_or_assign("state_dict", state_dict(*impl_->model));
     return c;
   }
-  return impl_->dump_checkpoint();
+  return impl_->checkpoints.dump();
 }
 
 void Trainer::save_checkpoint(const std::string& path) {

@@ -4,7 +4,7 @@
 // callbacks and loggers, the loop position (Progress) and the logged values,
 // with the loops (loops/) as members, each owning its flags. The members are
 // defined by concern: options.cpp (the constructor), run.cpp (run,
-// run_in_worker), logging.cpp, checkpointing.cpp, probe.cpp,
+// run_in_worker), logging.cpp, probe.cpp,
 // worker_result.cpp; trainer.cpp is the façade.
 
 #include <fulgur/callbacks/callback.h>
@@ -16,6 +16,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include "trainer/connectors/checkpoint_connector.h"
 #include "trainer/loops/evaluation_loop.h"
 #include "trainer/loops/fit_loop.h"
 #include "trainer/loops/prediction_loop.h"
@@ -157,18 +158,6 @@ struct TrainerImpl {
   // score, and the log folder.
   void report_fit_end(const std::string& why) const;
 
-  // --- checkpoints ---
-  Checkpoint dump_checkpoint();
-  // state_key() -> state_dict() of each callback that has a state.
-  c10::Dict<std::string, c10::IValue> callback_states() const;
-  // Gives each callback its entry of `states` (as callback_states made them), if any.
-  void load_callback_states(const c10::IValue& states);
-  void restore(const std::string& path);
-  std::string resolve_ckpt_path(const std::string& ckpt_path) const;
-  // In a restarted attempt of a launch (max_restarts): the last.ckpt an
-  // earlier attempt wrote, else `ckpt_path` (the stage's own). Every rank calls.
-  std::string resume_after_restart(const std::string& ckpt_path);
-
   // --- results travelling from rank 0 to the launching process ---
   c10::IValue make_result(const std::vector<at::Tensor>& predictions);
   void apply_result(const c10::IValue& result);
@@ -195,15 +184,13 @@ struct TrainerImpl {
   FitLoop fit_loop{*this};
   EvaluationLoop evaluation_loop{*this};
   PredictionLoop predict_loop{*this};
+  // Dump, restore and ckpt_path (connectors/checkpoint_connector.h).
+  CheckpointConnector checkpoints{*this};
   // A fit has been launched: a strategy that starts processes refuses a second.
   bool launched_once = false;
   int64_t last_logged_step = -1;
   // The batch size LightningModule::log weighs epoch means with: the running batch's.
   int64_t current_batch_size = 1;
-  // The launching process of a multi-process fit has no optimizers of its
-  // own: rank 0's whole checkpoint at the end of fit comes back with the
-  // result, so that Trainer::save_checkpoint after fit is complete there too.
-  std::optional<Checkpoint> final_checkpoint;
 
   ResultCollection results;
   mutable Metrics callback_metrics;
