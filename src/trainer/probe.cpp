@@ -68,7 +68,7 @@ void TrainerImpl::run_probe(Callback& probe, int64_t max_steps) {
   const bool on_xla = !params.empty() && params.front().device().type() == c10::kLazy;
   const at::Tensor xla_rng = on_xla ? xla::rng_state() : at::Tensor();
   const auto precision_state = strategy->precision().state_dict();
-  const int64_t logged_step = last_logged_step;
+  const int64_t logged_step = logging.last_logged_step;
   // The probe is the only callback (the caller owns it); nothing is logged; the module's
   // schedulers stay still, since the probe sets the rate of every step itself.
   auto own_callbacks = std::exchange(callbacks, {std::shared_ptr<Callback>(&probe, [](Callback*) {})});
@@ -87,12 +87,12 @@ void TrainerImpl::run_probe(Callback& probe, int64_t max_steps) {
     if (precision_state) strategy->precision().load_state_dict(*precision_state, "the precision state before the probe");
     progress = start;
     fit_loop.set_should_stop(false);
-    last_logged_step = logged_step;
-    results.reset();
-    callback_metrics.clear();
-    pending_callback_metrics.clear();
-    progress_bar_metrics.clear();
-    pending_prog_bar.clear();
+    logging.last_logged_step = logged_step;
+    logging.results.reset();
+    logging.callback_metrics.clear();
+    logging.pending_callback_metrics.clear();
+    logging.progress_bar_metrics.clear();
+    logging.pending_prog_bar.clear();
     // Fresh optimizers, as configure_optimizers made them at the fit's start: their state
     // (momentum, Adam's moments) and their schedulers' counts are the probe's otherwise.
     reconfigure_optimizers();

@@ -141,10 +141,10 @@ void TrainerImpl::setup_stage() {
   if (strategy->is_global_zero())
     for (auto& l : loggers) l->version();
   progress.scheduler_counts.assign(strategy->optimizer_config().schedulers.size(), 0);
-  results.reset();
-  pending_callback_metrics.clear();
-  callback_metrics.clear();
-  progress_bar_metrics.clear();
+  logging.results.reset();
+  logging.pending_callback_metrics.clear();
+  logging.callback_metrics.clear();
+  logging.progress_bar_metrics.clear();
   fit_loop.set_should_stop(false);
   predict_loop.clear();
 }
@@ -183,7 +183,7 @@ void TrainerImpl::run_evaluation(const StageData& data, const std::string& ckpt_
     return;
   }
   auto metrics = evaluation_loop.run(stage, *source, n);
-  for (const auto& [k, v] : metrics) callback_metrics[k] = v;
+  for (const auto& [k, v] : metrics) logging.callback_metrics[k] = v;
   if (strategy->is_global_zero())
     for (auto& l : loggers) l->save();
 }

@@ -43,7 +43,7 @@ void seed_everything(uint64_t seed) {
 Stage detail::TrainerRunContext::stage() const { return impl_.stage; }
 
 void detail::TrainerRunContext::log(const std::string& name, const at::Tensor& value, const LogOptions& options) {
-  impl_.log(name, value, options);
+  impl_.logging.log(name, value, options);
 }
 
 void detail::TrainerRunContext::optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure) {
@@ -132,14 +132,14 @@ void Trainer::set_accumulate_grad_batches(int64_t k) {
 }
 
 const Metrics& Trainer::callback_metrics() const {
-  impl_->materialize_metrics();
-  return impl_->callback_metrics;
+  impl_->logging.materialize_metrics();
+  return impl_->logging.callback_metrics;
 }
 
 const Metrics& Trainer::progress_bar_metrics() const {
-  for (const auto& [k, v] : impl_->pending_prog_bar) impl_->progress_bar_metrics[k] = v.item<double>();
-  impl_->pending_prog_bar.clear();
-  return impl_->progress_bar_metrics;
+  for (const auto& [k, v] : impl_->logging.pending_prog_bar) impl_->logging.progress_bar_metrics[k] = v.item<double>();
+  impl_->logging.pending_prog_bar.clear();
+  return impl_->logging.progress_bar_metrics;
 }
 
 const std::shared_ptr<Logger>& Trainer::logger() const {

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The Trainer's state (private to the library): the options, the strategy,
-// callbacks and loggers, the loop position (Progress) and the logged values,
-// with the loops (loops/) as members, each owning its flags. The members are
-// defined by concern: options.cpp (the constructor), run.cpp (run,
-// run_in_worker), logging.cpp, probe.cpp,
-// worker_result.cpp; trainer.cpp is the façade.
+// callbacks and loggers, the loop position (Progress), and as members the
+// loops (loops/, each owning its flags) and the connectors (connectors/:
+// checkpoints, logging). The members are defined by concern: options.cpp (the
+// constructor), run.cpp (run, run_in_worker), probe.cpp, worker_result.cpp;
+// trainer.cpp is the façade.
 
 #include <fulgur/callbacks/callback.h>
 #include <fulgur/data/data_loader.h>
@@ -17,6 +17,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "trainer/connectors/checkpoint_connector.h"
+#include "trainer/connectors/logger_connector.h"
 #include "trainer/loops/evaluation_loop.h"
 #include "trainer/loops/fit_loop.h"
 #include "trainer/loops/prediction_loop.h"
@@ -142,27 +143,14 @@ struct TrainerImpl {
   void run_fit(const StageData& data, const std::string& ckpt_path, SignalConnector& signals);
   // validate, test or predict: the restore, the loader after its limit, the stage's loop.
   void run_evaluation(const StageData& data, const std::string& ckpt_path);
-  void log_step_metrics(bool force);
-  // Records epoch aggregates (already read to doubles in `read`) in
-  // callback_metrics, the progress bar and the logger.
-  void log_epoch_metrics(const std::map<std::string, ResultCollection::Logged>& values, const Metrics& read,
-                         int64_t step);
-  // Reduces a logged value across ranks (for sync_dist).
-  ResultCollection::Reducer reducer();
-  void log(const std::string& name, const at::Tensor& value, const LogOptions& options);
   // RunContext::run_probe and reconfigure_optimizers (probe.cpp).
   void run_probe(Callback& probe, int64_t max_steps);
   void probe_epochs(int64_t max_steps);
   void reconfigure_optimizers();
-  // Rank 0 prints, at info: why fit stopped, the best checkpoint and its
-  // score, and the log folder.
-  void report_fit_end(const std::string& why) const;
 
   // --- results travelling from rank 0 to the launching process ---
   c10::IValue make_result(const std::vector<at::Tensor>& predictions);
   void apply_result(const c10::IValue& result);
-
-  void materialize_metrics() const;
 
   Trainer& owner;
   TrainerRunContext context{*this};
@@ -186,17 +174,10 @@ struct TrainerImpl {
   PredictionLoop predict_loop{*this};
   // Dump, restore and ckpt_path (connectors/checkpoint_connector.h).
   CheckpointConnector checkpoints{*this};
+  // LightningModule::log, the logged values and metrics, rows to the loggers.
+  LoggerConnector logging{*this};
   // A fit has been launched: a strategy that starts processes refuses a second.
   bool launched_once = false;
-  int64_t last_logged_step = -1;
-  // The batch size LightningModule::log weighs epoch means with: the running batch's.
-  int64_t current_batch_size = 1;
-
-  ResultCollection results;
-  mutable Metrics callback_metrics;
-  mutable std::map<std::string, at::Tensor> pending_callback_metrics;
-  mutable Metrics progress_bar_metrics;
-  std::map<std::string, at::Tensor> pending_prog_bar;
 };
 
 }  // namespace fulgur::detail

@@ -19,9 +19,9 @@ namespace fulgur::detail {
 c10::IValue TrainerImpl::make_result(const std::vector<at::Tensor>& preds) {
   auto r = fulgur::make_dict();
   r.insert("state_dict", state_dict(*model));
-  materialize_metrics();
+  logging.materialize_metrics();
   c10::Dict<std::string, double> cm;
-  for (const auto& [k, v] : callback_metrics) cm.insert(k, v);
+  for (const auto& [k, v] : logging.callback_metrics) cm.insert(k, v);
   r.insert("callback_metrics", cm);
   r.insert("current_epoch", progress.epoch);
   r.insert("global_step", progress.global_step);
@@ -48,9 +48,9 @@ void TrainerImpl::apply_result(const c10::IValue& value) {
   auto r = c10::impl::toTypedDict<std::string, c10::IValue>(value.toGenericDict());
   load_state_dict(*model, c10::impl::toTypedDict<std::string, c10::IValue>(r.at("state_dict").toGenericDict()), true,
                   "result of rank 0");
-  callback_metrics.clear();
+  logging.callback_metrics.clear();
   for (const auto& kv : r.at("callback_metrics").toGenericDict()) {
-    callback_metrics[kv.key().toStringRef()] = kv.value().toDouble();
+    logging.callback_metrics[kv.key().toStringRef()] = kv.value().toDouble();
   }
   progress.epoch = r.at("current_epoch").toInt();
   progress.global_step = r.at("global_step").toInt();

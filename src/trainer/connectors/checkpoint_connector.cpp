@@ -98,8 +98,8 @@ Checkpoint CheckpointConnector::dump() {
       s.insert("best", plateau->best());
       s.insert("num_bad_epochs", plateau->num_bad_epochs());
       s.insert("cooldown_counter", plateau->cooldown_counter());
-      t_.materialize_metrics();
-      if (const auto it = t_.callback_metrics.find(sc.monitor()); it != t_.callback_metrics.end())
+      t_.logging.materialize_metrics();
+      if (const auto it = t_.logging.callback_metrics.find(sc.monitor()); it != t_.logging.callback_metrics.end())
         s.insert("fulgur_pending_metric", it->second);
     }
     sched_states.push_back(s);

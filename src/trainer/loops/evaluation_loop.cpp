@@ -15,8 +15,8 @@ namespace fulgur::detail {
 Metrics EvaluationLoop::run(Stage stage, BatchSource& source, int64_t max_batches) {
   const bool is_val = stage == Stage::kValidate || stage == Stage::kSanityCheck;
   sanity_checking_ = stage == Stage::kSanityCheck;
-  ResultCollection saved = std::move(t_.results);
-  t_.results = ResultCollection();
+  ResultCollection saved = std::move(t_.logging.results);
+  t_.logging.results = ResultCollection();
   LightningModule& model = *t_.model;
   const bool was_training = model.is_training();
   model.eval();
@@ -33,7 +33,7 @@ Metrics EvaluationLoop::run(Stage stage, BatchSource& source, int64_t max_batche
       for (auto& c : t_.callbacks) c->on_validation_epoch_end(t_.owner, model);
   }
   if (was_training) model.train();
-  t_.results = std::move(saved);
+  t_.logging.results = std::move(saved);
   sanity_checking_ = false;
   return metrics;
 }
@@ -54,7 +54,7 @@ void EvaluationLoop::run_batches(bool is_val, BatchSource& source, int64_t max_b
   for (int64_t i = 0; i < max_batches; ++i) {
     auto batch = stream->next();
     if (!batch) break;
-    t_.current_batch_size = batch_size_of(*batch);
+    t_.logging.current_batch_size = batch_size_of(*batch);
     if (is_val) {
       t_.strategy->validation_step(*batch, i);
       for (auto& c : t_.callbacks) c->on_validation_batch_end(t_.owner, *t_.model, i);
@@ -77,9 +77,9 @@ Metrics EvaluationLoop::on_end(bool is_val) {
   } else {
     model.on_test_epoch_end();
   }
-  auto values = t_.results.epoch_values(t_.reducer());
+  auto values = t_.logging.results.epoch_values(t_.logging.reducer());
   const Metrics metrics = to_doubles(values);
-  if (!sanity_checking_) t_.log_epoch_metrics(values, metrics, t_.progress.global_step);
+  if (!sanity_checking_) t_.logging.log_epoch_metrics(values, metrics, t_.progress.global_step);
   if (is_val) {
     if (!sanity_checking_)
       for (auto& c : t_.callbacks) c->on_validation_end(t_.owner, model);

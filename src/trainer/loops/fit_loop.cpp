@@ -98,7 +98,7 @@ bool FitLoop::advance() {
   train_source->set_epoch(progress.epoch);
   if (val_source) val_source->set_epoch(progress.epoch);
   model.train();
-  t_.results.reset();
+  t_.logging.results.reset();
   // A run resumed from a checkpoint written after the epoch's last batch
   // (by its end hook) has no batch left: it goes on to the epoch's end.
   progress.epoch_finished = progress.batches_done >= num_training_batches();
@@ -108,11 +108,11 @@ bool FitLoop::advance() {
   // An evaluation stopped by a signal (the sanity check) ends the fit before any batch.
   if (t_.evaluation_loop.stopped() || epoch_loop.run(*train_source, val_source.get())) on_interrupt();
   // Epoch end: aggregates, hooks, then the next epoch.
-  auto values = t_.results.epoch_values(t_.reducer());
-  t_.log_epoch_metrics(values, to_doubles(values), progress.global_step);
+  auto values = t_.logging.results.epoch_values(t_.logging.reducer());
+  t_.logging.log_epoch_metrics(values, to_doubles(values), progress.global_step);
   model.on_train_epoch_end();
   for (auto& c : t_.callbacks) c->on_train_epoch_end(t_.owner, model);
-  t_.log_step_metrics(true);
+  t_.logging.log_step_metrics(true);
   epoch_loop.step_schedulers("epoch");
   progress.epoch_schedulers_stepped = true;
   if (!progress.epoch_finished) return false;  // stopped mid-epoch (max_steps or should_stop)
@@ -137,7 +137,7 @@ void FitLoop::on_interrupt() {
   runtime::log_rank_zero(runtime::LogLevel::kWarning, "stopping at step " + std::to_string(step) + " on " + signal + "; " + saved);
   if (t_.strategy->is_global_zero())
     for (auto& l : t_.loggers) l->finalize("interrupted");
-  t_.report_fit_end(signal + " (" + signal_name(sig) + "); " + report);
+  t_.logging.report_fit_end(signal + " (" + signal_name(sig) + "); " + report);
   throw WorkerFailure("interrupted by " + signal + " at step " + std::to_string(step) + "; " + saved,
                       static_cast<int>(t_.strategy->global_rank()), 128 + sig);
 }
@@ -154,7 +154,7 @@ void FitLoop::on_run_end() {
       l->finalize("success");
     }
   }
-  t_.report_fit_end(stop_reason());
+  t_.logging.report_fit_end(stop_reason());
 }
 
 std::string FitLoop::stop_reason() const {
@@ -168,7 +168,7 @@ std::string FitLoop::stop_reason() const {
         es && es->stopped_epoch() == progress.epoch - (progress.epoch_finished ? 1 : 0)) {
       const std::string& monitor = es->options().monitor();
       std::string why = "EarlyStopping on " + monitor;
-      if (auto it = t_.callback_metrics.find(monitor); it != t_.callback_metrics.end()) why += "=" + format_metric(it->second);
+      if (auto it = t_.logging.callback_metrics.find(monitor); it != t_.logging.callback_metrics.end()) why += "=" + format_metric(it->second);
       return why + (es->reason().empty() ? " (the decision of another rank)" : " (" + es->reason() + ")");
     }
     if (auto* timer = find_callback<Timer>(t_.callbacks); timer && !timer->reason().empty()) return timer->reason();

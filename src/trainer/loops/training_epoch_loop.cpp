@@ -42,7 +42,7 @@ bool TrainingEpochLoop::run(BatchSource& train, BatchSource* val) {
 
 void TrainingEpochLoop::run_batch(const Batch& batch, int64_t batch_idx, bool last) {
   LightningModule& model = *t_.model;
-  t_.current_batch_size = batch_size_of(batch);
+  t_.logging.current_batch_size = batch_size_of(batch);
   t_.strategy->on_train_batch_start(batch, batch_idx);
   model.on_train_batch_start(batch, batch_idx);
   StepOutput out;
@@ -53,7 +53,7 @@ void TrainingEpochLoop::run_batch(const Batch& batch, int64_t batch_idx, bool la
   } else {
     out = manual.run(batch, batch_idx);
   }
-  t_.log_step_metrics(false);
+  t_.logging.log_step_metrics(false);
   // The batch is done before its end hooks run: a checkpoint that a hook
   // writes (ModelCheckpoint's every_n_train_steps) resumes after it, not
   // with it again.
@@ -73,11 +73,11 @@ void TrainingEpochLoop::step_schedulers(const std::string& interval) {
     if (auto* plateau = dynamic_cast<lr_scheduler::ReduceLROnPlateau*>(s.scheduler().get())) {
       // Lightning's rule: the monitored metric's current value; a missing one is an error, or a
       // skipped step with a warning when not strict.
-      t_.materialize_metrics();
-      const auto it = t_.callback_metrics.find(s.monitor());
-      if (it == t_.callback_metrics.end()) {
+      t_.logging.materialize_metrics();
+      const auto it = t_.logging.callback_metrics.find(s.monitor());
+      if (it == t_.logging.callback_metrics.end()) {
         std::string logged;
-        for (const auto& [k, v] : t_.callback_metrics) logged += (logged.empty() ? "" : ", ") + k;
+        for (const auto& [k, v] : t_.logging.callback_metrics) logged += (logged.empty() ? "" : ", ") + k;
         const std::string what = "ReduceLROnPlateau (scheduler " + std::to_string(i) + ") follows '" + s.monitor() +
                                  "', which is not logged at this " + interval + "; logged: [" + logged + "]";
         if (s.strict()) throw std::runtime_error(what + ". Log it, name another in SchedulerConfig::monitor, or set strict(false)");
