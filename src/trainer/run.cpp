@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // One stage's run: launched on every rank by the strategy's launcher, and in
 // each worker the setup before the loops, as Lightning's Trainer._run: the
-// guards that undo the run's changes, the stage's data, the strategy's setup,
-// the restore, the stop signals, then the stage's loop.
+// guards that undo the run's changes, seeding, the stage's loaders (the data
+// connector), the strategy's setup, the restore, the stop signals, then the
+// stage's loop.
 
 #include <fulgur/data/data_loader.h>
 #include <fulgur/data_module.h>
@@ -104,7 +105,9 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
   runtime::RankScope log_ranks(strategy->global_rank(), strategy->world_size());
   Teardown teardown{strategy.get()};
   FinalizeOnFailure finalize_on_failure{this};
-  load_stage_data(data);
+  if (options.seed()) seed_everything(*options.seed());
+  if (options.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
+  data_connector.load(data);
   setup_stage();
   std::string path = checkpoints.resolve_ckpt_path(ckpt_path);
   if (run_stage == Stage::kFit) {
@@ -114,23 +117,6 @@ c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, Stag
     run_evaluation(data, path);
   }
   return make_result(predict_loop.predictions());
-}
-
-void TrainerImpl::load_stage_data(StageData& data) {
-  if (options.seed()) seed_everything(*options.seed());
-  if (options.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
-  if (!data.datamodule) return;
-  data.datamodule->setup(to_string(stage));
-  if (stage == Stage::kFit) {
-    data.train = data.datamodule->train_dataloader();
-    data.val = data.datamodule->val_dataloader();
-  } else if (stage == Stage::kValidate) {
-    data.eval = data.datamodule->val_dataloader();
-  } else if (stage == Stage::kTest) {
-    data.eval = data.datamodule->test_dataloader();
-  } else {
-    data.eval = data.datamodule->predict_dataloader();
-  }
 }
 
 void TrainerImpl::setup_stage() {
@@ -150,9 +136,7 @@ void TrainerImpl::setup_stage() {
 }
 
 void TrainerImpl::run_fit(const StageData& data, const std::string& ckpt_path, SignalConnector& signals) {
-  if (!data.train) throw std::invalid_argument("fit: no training loader (pass one, or give the DataModule a train_dataloader)");
-  fit_loop.train_source = strategy->process_dataloader(data.train);
-  fit_loop.val_source = data.val ? strategy->process_dataloader(data.val) : nullptr;
+  data_connector.attach_fit_loaders(data);
   progress.epoch = 0;
   progress.global_step = 0;
   progress.batches_done = 0;
@@ -165,24 +149,14 @@ void TrainerImpl::run_fit(const StageData& data, const std::string& ckpt_path, S
 }
 
 void TrainerImpl::run_evaluation(const StageData& data, const std::string& ckpt_path) {
-  if (!data.eval) {
-    throw std::invalid_argument(std::string(to_string(stage)) + ": no loader (pass one, or give the DataModule a " +
-                                (stage == Stage::kValidate ? "val" : to_string(stage)) + "_dataloader)");
-  }
+  data_connector.require_eval_loader(data);
   if (!ckpt_path.empty()) checkpoints.restore(ckpt_path);
-  auto source = strategy->process_dataloader(data.eval);
-  const BatchLimit& limit = stage == Stage::kValidate ? options.limit_val_batches()
-                            : stage == Stage::kTest   ? options.limit_test_batches()
-                                                      : options.limit_predict_batches();
-  const char* what = stage == Stage::kValidate ? "limit_val_batches"
-                     : stage == Stage::kTest   ? "limit_test_batches"
-                                               : "limit_predict_batches";
-  const int64_t n = resolved.batches(limit, source->num_batches(), what);
+  const DataConnector::EvalSource eval = data_connector.eval_source(data);
   if (stage == Stage::kPredict) {
-    predict_loop.run(*source, n);
+    predict_loop.run(*eval.source, eval.batches);
     return;
   }
-  auto metrics = evaluation_loop.run(stage, *source, n);
+  auto metrics = evaluation_loop.run(stage, *eval.source, eval.batches);
   for (const auto& [k, v] : metrics) logging.callback_metrics[k] = v;
   if (strategy->is_global_zero())
     for (auto& l : loggers) l->save();

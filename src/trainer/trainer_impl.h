@@ -3,7 +3,7 @@
 // The Trainer's state (private to the library): the options, the strategy,
 // callbacks and loggers, the loop position (Progress), and as members the
 // loops (loops/, each owning its flags) and the connectors (connectors/:
-// checkpoints, logging). The members are defined by concern: options.cpp (the
+// data, checkpoints, logging). The members are defined by concern: options.cpp (the
 // constructor), run.cpp (run, run_in_worker), probe.cpp, worker_result.cpp;
 // trainer.cpp is the façade.
 
@@ -17,6 +17,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "trainer/connectors/checkpoint_connector.h"
+#include "trainer/connectors/data_connector.h"
 #include "trainer/connectors/logger_connector.h"
 #include "trainer/loops/evaluation_loop.h"
 #include "trainer/loops/fit_loop.h"
@@ -59,30 +60,6 @@ inline std::string format_metric(double v) {
 inline int64_t batch_size_of(const Batch& batch) {
   return batch.data.defined() && batch.data.dim() > 0 ? batch.data.size(0) : 1;
 }
-
-// Where a stage's loaders come from (called in the worker, after setup).
-struct StageData {
-  // The DataModule's loaders for the stage.
-  static StageData from(DataModule& datamodule) {
-    StageData d;
-    d.datamodule = &datamodule;
-    return d;
-  }
-  // The loaders given: `loader` trains under fit (with `val_loader`, if any)
-  // and is `eval` for the other stages.
-  static StageData from(Stage stage, std::shared_ptr<BatchSource> loader,
-                        std::shared_ptr<BatchSource> val_loader = nullptr) {
-    StageData d;
-    (stage == Stage::kFit ? d.train : d.eval) = std::move(loader);
-    d.val = std::move(val_loader);
-    return d;
-  }
-
-  DataModule* datamodule = nullptr;
-  std::shared_ptr<BatchSource> train;
-  std::shared_ptr<BatchSource> val;
-  std::shared_ptr<BatchSource> eval;  // validate / test / predict
-};
 
 // The values the loops read that the options only imply, resolved once by
 // the constructor (options.cpp) so that nothing re-derives them later.
@@ -131,10 +108,8 @@ struct TrainerImpl {
   c10::IValue run(Stage stage, LightningModule& model, StageData data, const std::string& ckpt_path);
 
   // --- inside a worker (run.cpp) ---
-  // The guards, then load_stage_data, setup_stage, and run_fit or run_evaluation.
+  // The guards, seeding, the stage's loaders, setup_stage, and run_fit or run_evaluation.
   c10::IValue run_in_worker(Stage stage, LightningModule& model, StageData data, const std::string& ckpt_path);
-  // Seeding, then the DataModule's setup and its loaders for the stage (into `data`).
-  void load_stage_data(StageData& data);
   // The strategy's and the callbacks' setup, the loggers' versions, and the run's counters and
   // metrics cleared.
   void setup_stage();
@@ -172,6 +147,8 @@ struct TrainerImpl {
   FitLoop fit_loop{*this};
   EvaluationLoop evaluation_loop{*this};
   PredictionLoop predict_loop{*this};
+  // The stage's loaders as the strategy serves them, and their limits.
+  DataConnector data_connector{*this};
   // Dump, restore and ckpt_path (connectors/checkpoint_connector.h).
   CheckpointConnector checkpoints{*this};
   // LightningModule::log, the logged values and metrics, rows to the loggers.
