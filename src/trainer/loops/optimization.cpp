@@ -15,13 +15,13 @@
 
 namespace fulgur::detail {
 
-StepOutput AutomaticOptimization::run(const Batch& batch, int64_t batch_idx, bool last, bool& stepped) {
-  StepOutput out;
+AutomaticOptimization::Result AutomaticOptimization::run(const Batch& batch, int64_t batch_idx, bool last) {
+  Result result;
   ++t_.progress.accumulated;
-  stepped = t_.progress.accumulated >= accumulate_grad_batches_ || last;
-  step(batch, batch_idx, out, stepped);
-  if (stepped) t_.progress.accumulated = 0;
-  return out;
+  result.stepped = t_.progress.accumulated >= accumulate_grad_batches_ || last;
+  step(batch, batch_idx, result.output, result.stepped);
+  if (result.stepped) t_.progress.accumulated = 0;
+  return result;
 }
 
 void AutomaticOptimization::step(const Batch& batch, int64_t batch_idx, StepOutput& out, bool sync_now) {

@@ -24,11 +24,15 @@ class AutomaticOptimization {
  public:
   explicit AutomaticOptimization(TrainerImpl& trainer) : t_(trainer) {}
 
+  // What run did: training_step's output, and whether the optimizer stepped.
+  struct Result {
+    StepOutput output;
+    bool stepped = false;
+  };
   // Runs batch `batch_idx`; `last`: the epoch's last batch, which steps whatever was
   // accumulated. Counts the micro-batch in progress.accumulated and an optimizer step in
-  // progress.global_step. Returns training_step's output and whether the optimizer stepped.
-  // Throws std::runtime_error when training_step returns no loss.
-  StepOutput run(const Batch& batch, int64_t batch_idx, bool last, bool& stepped);
+  // progress.global_step. Throws std::runtime_error when training_step returns no loss.
+  Result run(const Batch& batch, int64_t batch_idx, bool last);
 
   // Micro-batches per optimizer step: the option, set at each stage's start, or what a
   // GradientAccumulationScheduler set for the epoch. REQUIRES: k >= 1 (Trainer checks).

@@ -47,9 +47,9 @@ void TrainingEpochLoop::run_batch(const Batch& batch, int64_t batch_idx, bool la
   model.on_train_batch_start(batch, batch_idx);
   StepOutput out;
   if (model.automatic_optimization()) {
-    bool stepped = false;
-    out = automatic.run(batch, batch_idx, last, stepped);
-    if (stepped) step_schedulers("step");
+    AutomaticOptimization::Result result = automatic.run(batch, batch_idx, last);
+    out = std::move(result.output);
+    if (result.stepped) step_schedulers("step");
   } else {
     out = manual.run(batch, batch_idx);
   }
