@@ -185,6 +185,104 @@ struct Moved {
   size_t extra_refs;  // references to `old` that the copy itself holds
 };
 
+// Moves tensors to one device, each distinct tensor once: a tensor met again (tied weights, a
+// member handle of a registered parameter) becomes the same new tensor.
+class TensorMover {
+ public:
+  explicit TensorMover(const c10::Device& device) : device_(device) {}
+
+  // Replaces `t` by its copy on the device (with its grad, and requires_grad for a parameter).
+  // `name` and `owner` name it in move_module's error ("" for a member-only tensor).
+  void move(at::Tensor& t, bool is_param, const std::string& name, const std::string& owner) {
+    if (!t.defined()) return;
+    auto it = map_.find(t.unsafeGetTensorImpl());
+    if (it != map_.end()) {
+      t = it->second;
+      return;
+    }
+    if (t.device() == device_) return;
+    const size_t before = t.use_count();
+    // Copies off the lazy device can come back with any strides; keep them
+    // dense (autograd's gradient layout contract wants grads like params).
+    const bool from_lazy = is_lazy(t);
+    at::Tensor nt = t.to(device_).detach();
+    if (from_lazy) nt = nt.contiguous();
+    const size_t after = t.use_count();
+    const size_t extra = after > before ? after - before : 0;  // e.g. lazy device data aliasing the CPU tensor
+    if (is_param) nt.set_requires_grad(t.requires_grad());
+    if (t.grad().defined()) {
+      at::Tensor g = t.grad().to(device_).detach();
+      nt.mutable_grad() = is_lazy(t.grad()) ? g.contiguous() : g;
+    }
+    map_.emplace(t.unsafeGetTensorImpl(), nt);
+    moved_.push_back({t, name, owner, extra});
+    t = nt;
+  }
+
+  const std::vector<Moved>& moved() const { return moved_; }
+
+ private:
+  c10::Device device_;
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> map_;  // old -> new, keeps ties
+  std::vector<Moved> moved_;
+};
+
+// 1. The dicts. named_* give prefixed names for the error of check_none_left_behind.
+void move_registered(torch::nn::Module& module, TensorMover& mover) {
+  using torch::nn::Module;
+  std::unordered_map<const Module*, std::string> prefix;
+  prefix[&module] = "";
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    prefix.emplace(item.value().get(), item.key() + ".");
+  }
+  module.apply([&](Module& m) {
+    const std::string& pre = prefix.count(&m) ? prefix[&m] : std::string();
+    const std::string owner = pre.empty() ? m.name() : pre.substr(0, pre.size() - 1) + " (" + m.name() + ")";
+    for (auto& item : ModuleAccess::params(m)) mover.move(item.value(), true, pre + item.key(), owner);
+    for (auto& item : ModuleAccess::buffers(m)) mover.move(item.value(), false, pre + item.key(), owner);
+  });
+}
+
+// 2. The member handles: built-in modules, then the registered hooks.
+void rebind_members(torch::nn::Module& module, TensorMover& mover) {
+  const TensorRemap remap = [&](at::Tensor& t) { mover.move(t, false, "", ""); };
+  std::vector<Hook> user_hooks;
+  {
+    std::lock_guard<std::mutex> lock(hooks_mutex());
+    user_hooks = hooks();
+  }
+  module.apply([&](torch::nn::Module& m) {
+    rebind_builtin(m, remap);
+    for (const auto& h : user_hooks) {
+      if (h(m, remap)) break;
+    }
+  });
+}
+
+// 3. A parameter/buffer still referenced elsewhere is most likely a member
+// handle of a module the mover does not know; its forward would mix
+// devices, which aborts the process on the lazy device. Moving TO the lazy
+// device that is an error naming the module; moving back, the optimizer
+// legitimately still holds the lazy tensors.
+void check_none_left_behind(const std::vector<Moved>& moved, const c10::Device& device) {
+  if (device.type() != c10::kLazy) return;
+  std::vector<const Moved*> stale;
+  for (const auto& mv : moved) {
+    if (!mv.name.empty() && mv.old.use_count() > 1 + mv.extra_refs) stale.push_back(&mv);
+  }
+  if (stale.empty()) return;
+  std::string names;
+  for (size_t i = 0; i < stale.size() && i < 5; ++i) names += (i ? ", " : "") + stale[i]->name;
+  if (stale.size() > 5) names += ", ... (" + std::to_string(stale.size()) + " in all)";
+  throw std::runtime_error(
+      "cannot move module " + stale[0]->owner + " to " + device.str() + ": " + names +
+      (stale.size() == 1 ? " is" : " are") +
+      " still referenced after the move, most likely by a member the mover does not know. Register a hook "
+      "with fulgur::register_module_mover that rebinds the module's tensor members (see "
+      "<fulgur/module_mover.h>); build optimizers after the move, and do not keep outputs of an earlier "
+      "forward (their autograd graph holds the old tensors)");
+}
+
 }  // namespace
 }  // namespace module_mover_detail
 
@@ -196,7 +294,6 @@ void register_module_mover(std::function<bool(torch::nn::Module&, const TensorRe
 
 void move_module(torch::nn::Module& module, const c10::Device& device) {
   using namespace module_mover_detail;
-  using torch::nn::Module;
 
   // Every parameter, buffer and grad, named, once per submodule occurrence.
   bool any_lazy = device.type() == c10::kLazy;
@@ -216,85 +313,10 @@ void move_module(torch::nn::Module& module, const c10::Device& device) {
   sync_lazy(all);
   all.clear();  // no extra references while counting them below
 
-  std::unordered_map<const c10::TensorImpl*, at::Tensor> map;  // old -> new, keeps ties
-  std::vector<Moved> moved;
-
-  auto move_tensor = [&](at::Tensor& t, bool is_param, const std::string& name, const std::string& owner) {
-    if (!t.defined()) return;
-    auto it = map.find(t.unsafeGetTensorImpl());
-    if (it != map.end()) {
-      t = it->second;
-      return;
-    }
-    if (t.device() == device) return;
-    const size_t before = t.use_count();
-    // Copies off the lazy device can come back with any strides; keep them
-    // dense (autograd's gradient layout contract wants grads like params).
-    const bool from_lazy = is_lazy(t);
-    at::Tensor nt = t.to(device).detach();
-    if (from_lazy) nt = nt.contiguous();
-    const size_t after = t.use_count();
-    const size_t extra = after > before ? after - before : 0;  // e.g. lazy device data aliasing the CPU tensor
-    if (is_param) nt.set_requires_grad(t.requires_grad());
-    if (t.grad().defined()) {
-      at::Tensor g = t.grad().to(device).detach();
-      nt.mutable_grad() = is_lazy(t.grad()) ? g.contiguous() : g;
-    }
-    map.emplace(t.unsafeGetTensorImpl(), nt);
-    moved.push_back({t, name, owner, extra});
-    t = nt;
-  };
-
-  // 1. The dicts. named_* give prefixed names for the warning below.
-  std::unordered_map<const Module*, std::string> prefix;
-  prefix[&module] = "";
-  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
-    prefix.emplace(item.value().get(), item.key() + ".");
-  }
-  module.apply([&](Module& m) {
-    const std::string& pre = prefix.count(&m) ? prefix[&m] : std::string();
-    const std::string owner = pre.empty() ? m.name() : pre.substr(0, pre.size() - 1) + " (" + m.name() + ")";
-    for (auto& item : ModuleAccess::params(m)) move_tensor(item.value(), true, pre + item.key(), owner);
-    for (auto& item : ModuleAccess::buffers(m)) move_tensor(item.value(), false, pre + item.key(), owner);
-  });
-
-  // 2. The member handles: built-in modules, then the registered hooks.
-  const TensorRemap remap = [&](at::Tensor& t) { move_tensor(t, false, "", ""); };
-  std::vector<Hook> user_hooks;
-  {
-    std::lock_guard<std::mutex> lock(hooks_mutex());
-    user_hooks = hooks();
-  }
-  module.apply([&](Module& m) {
-    rebind_builtin(m, remap);
-    for (const auto& h : user_hooks) {
-      if (h(m, remap)) break;
-    }
-  });
-
-  // 3. A parameter/buffer still referenced elsewhere is most likely a member
-  // handle of a module the mover does not know; its forward would mix
-  // devices, which aborts the process on the lazy device. Moving TO the lazy
-  // device that is an error naming the module; moving back, the optimizer
-  // legitimately still holds the lazy tensors.
-  if (device.type() == c10::kLazy) {
-    std::vector<const Moved*> stale;
-    for (const auto& mv : moved) {
-      if (!mv.name.empty() && mv.old.use_count() > 1 + mv.extra_refs) stale.push_back(&mv);
-    }
-    if (!stale.empty()) {
-      std::string names;
-      for (size_t i = 0; i < stale.size() && i < 5; ++i) names += (i ? ", " : "") + stale[i]->name;
-      if (stale.size() > 5) names += ", ... (" + std::to_string(stale.size()) + " in all)";
-      throw std::runtime_error(
-          "cannot move module " + stale[0]->owner + " to " + device.str() + ": " + names +
-          (stale.size() == 1 ? " is" : " are") +
-          " still referenced after the move, most likely by a member the mover does not know. Register a hook "
-          "with fulgur::register_module_mover that rebinds the module's tensor members (see "
-          "<fulgur/module_mover.h>); build optimizers after the move, and do not keep outputs of an earlier "
-          "forward (their autograd graph holds the old tensors)");
-    }
-  }
+  TensorMover mover(device);
+  move_registered(module, mover);
+  rebind_members(module, mover);
+  check_none_left_behind(mover.moved(), device);
 }
 
 }  // namespace fulgur

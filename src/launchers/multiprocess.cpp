@@ -1,49 +1,31 @@
 // SPDX-License-Identifier: Apache-2.0
-// The multi-process launcher: fork or spawn of the workers, their environment, the job's
-// failure and signal handling, and the store across nodes. Long because starting, watching and
-// stopping workers share one process table and its signal-safe state.
+// The multi-process launcher: each launch gets a private folder and runs attempts, each of which
+// starts this node's workers (worker_start.h), supervises them (supervisor.h) and explains a
+// failure (diagnose.h); a failed attempt is started again up to max_restarts times.
 
-#include <fulgur/distributed/collectives.h>
 #include <fulgur/launchers/launcher.h>
-#include <fulgur/plugins/environments/cluster_environment.h>
 #include <fulgur/plugins/io/checkpoint_io.h>
 
-#include <algorithm>
-
-#include "distributed/network.h"
-#include "distributed/tcp_store.h"
+#include "launchers/diagnose.h"
+#include "launchers/failure_store.h"
 #include "launchers/restarts.h"
+#include "launchers/supervisor.h"
 #include "launchers/worker_env.h"
-#include "launchers/worker_fork.h"
-#include "runtime/log.h"
+#include "launchers/worker_start.h"
 #include "runtime/env.h"
+#include "runtime/log.h"
 #include "runtime/signals.h"
-#include "runtime/text.h"
-#include "runtime/threads.h"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
-#include <fcntl.h>
-#include <signal.h>
-#include <pthread.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <map>
 #include <memory>
 #include <sstream>
-#include <thread>
 
 namespace fs = std::filesystem;
 
@@ -52,49 +34,8 @@ namespace {
 
 using detail::kLaunchDirEnv;
 using detail::kLaunchIndexEnv;
-using detail::kParentStoreEnv;
 using detail::kRestartCountEnv;
-using detail::kStoreEnv;
 using detail::kWorkerEnv;
-
-// Launches this process has made (parent) or seen (spawned worker replaying).
-int g_launches = 0;
-
-pid_t plain_fork(int64_t) { return ::fork(); }
-
-detail::WorkerForkFn g_worker_fork = plain_fork;
-
-// A fork failed part way through starting a launch's workers: the ones
-// already started would wait at the rendezvous for the missing ones until its
-// timeout. They have done nothing worth a grace period, so they are
-// SIGKILLed, and reaped so that no zombie is left either.
-void kill_and_reap(const std::vector<pid_t>& started) {
-  for (const pid_t pid : started) ::kill(pid, SIGKILL);
-  for (const pid_t pid : started) {
-    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-    }
-  }
-}
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string signal_name(int sig) {
-  switch (sig) {
-    case SIGKILL: return "SIGKILL";
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGILL: return "SIGILL";
-    case SIGHUP: return "SIGHUP";
-    case SIGPIPE: return "SIGPIPE";
-  }
-  return "signal " + std::to_string(sig);
-}
 
 // The folder holding this process's launches: private (0700, from mkdtemp),
 // removed when the process that made it exits normally.
@@ -124,198 +65,7 @@ const std::string& run_dir() {
   return dir->path;
 }
 
-// A failing worker's record: rank, time, kind, message.
-void write_error_record(const std::string& dir, int64_t rank, const std::string& kind, const std::string& message) {
-  const std::string path = dir + "/error-" + std::to_string(rank) + ".txt";
-  std::ofstream out(path + ".tmp");
-  out.precision(17);
-  out << now_seconds() << "\n" << kind << "\n" << message;
-  out.close();
-  std::rename((path + ".tmp").c_str(), path.c_str());
-}
-
-struct ErrorRecord {
-  bool present = false;
-  double time = 0;
-  std::string kind;
-  std::string message;
-};
-
-ErrorRecord read_error_record(const std::string& dir, int64_t rank) {
-  ErrorRecord r;
-  std::ifstream in(dir + "/error-" + std::to_string(rank) + ".txt");
-  if (!in) return r;
-  r.present = true;
-  std::string line;
-  std::getline(in, line);
-  r.time = std::atof(line.c_str());
-  std::getline(in, r.kind);
-  std::stringstream rest;
-  rest << in.rdbuf();
-  r.message = rest.str();
-  return r;
-}
-
-// The store of a job across nodes. Node 0's launcher serves it on
-// MASTER_PORT for the life of the process (each launch's keys under
-// "launch-<i>/"), so that it outlives any worker and carries the first
-// failure to the other nodes. Other nodes' launchers connect (to record or
-// read failures) once node 0 accepts connections. Returns an empty pointer
-// while the store cannot be reached.
-c10::intrusive_ptr<::c10d::Store> node_store(const MultiProcessLauncherOptions& o,
-                                             std::chrono::milliseconds connect_timeout = std::chrono::seconds(3)) {
-  static c10::intrusive_ptr<::c10d::Store> store;
-  if (store) return store;
-  ::c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(o.main_port());
-  so.isServer = o.node_rank() == 0;
-  so.waitWorkers = false;
-  if (so.isServer) {
-    so.timeout = std::chrono::seconds(60);
-    try {
-      store = detail::open_tcp_store(o.main_address(), so);
-    } catch (const std::exception& e) {
-      const std::string msg = runtime::first_line(e.what());
-      throw CollectiveError("rendezvous: node 0 cannot serve the store on MASTER_PORT=" + std::to_string(o.main_port()) +
-                            " (" + msg + "); choose a free port, the same on every node");
-    }
-    return store;
-  }
-  so.timeout = connect_timeout;
-  if (!detail::accepts_connections(o.main_address(), o.main_port(), 100)) return {};  // node 0 is not up (or gone)
-  try {
-    auto client = detail::open_tcp_store(o.main_address(), so);
-    // As in the rendezvous (collectives.cpp): a first wait puts the timeout on
-    // the client's socket for every later reply, so that a program holding the
-    // port (accepts, never answers) cannot hold this launcher in a later call.
-    const std::string hello = "fulgur/hello/node-" + std::to_string(o.node_rank());
-    client->set(hello, std::vector<uint8_t>{1});
-    client->wait({hello});
-    store = client;
-  } catch (const std::exception&) {
-    return {};
-  }
-  return store;
-}
-
-// Records a node's first failure in the job's store under `keys` (the
-// attempt's launch_store_prefix), unless another node's came first. Best
-// effort: the store may be gone with node 0.
-void report_failure_to_job(const MultiProcessLauncherOptions& o, const std::string& keys, const std::string& what) {
-  try {
-    auto store = node_store(o);
-    if (!store) return;
-    const std::string prefix = keys + "/fulgur/";
-    if (store->add(prefix + "failures", 1) == 1) {
-      const std::string msg = "node " + std::to_string(o.node_rank()) + ": " + what;
-      store->set(prefix + "failure", std::vector<uint8_t>(msg.begin(), msg.end()));
-    }
-  } catch (const std::exception&) {
-  }
-}
-
-// The first failure another node recorded under `keys` (this attempt's), or "".
-std::string failure_elsewhere(const MultiProcessLauncherOptions& o, const std::string& keys,
-                              std::chrono::milliseconds connect_timeout = std::chrono::seconds(3)) {
-  try {
-    auto store = node_store(o, connect_timeout);
-    const std::string key = keys + "/fulgur/failure";
-    if (!store || !store->check({key})) return "";
-    const std::vector<uint8_t> v = store->get(key);
-    const std::string msg(v.begin(), v.end());
-    return msg.rfind("node " + std::to_string(o.node_rank()) + ":", 0) == 0 ? "" : msg;
-  } catch (const std::exception&) {
-    return "";
-  }
-}
-
-std::vector<std::string> own_argv() {
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::vector<std::string> out;
-  std::string arg;
-  while (std::getline(in, arg, '\0')) out.push_back(arg);
-  return out;
-}
-
-[[noreturn]] void worker_exit(int code) {
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  ::_exit(code);
-}
-
-// Runs `fn` as this worker's part of a launch, reports, and exits.
-[[noreturn]] void run_worker(const WorkerFn& fn) {
-  const std::string dir = runtime::env_required(kLaunchDirEnv, "a fulgur worker");
-  const int64_t rank = LightningEnvironment().global_rank();
-  try {
-    c10::IValue result = fn();
-    if (rank == 0) {
-      Checkpoint wrapped = make_dict();
-      wrapped.insert("result", result);
-      TorchCheckpointIO().save_checkpoint(wrapped, dir + "/result.pt");
-    }
-    worker_exit(0);
-  } catch (const WorkerFailure& e) {
-    write_error_record(dir, rank, "interrupted", e.what());
-    worker_exit(e.exit_code());
-  } catch (const CollectiveError& e) {
-    // Usually the consequence of another rank's failure.
-    write_error_record(dir, rank, "collective", e.what());
-    runtime::log(runtime::LogLevel::kError, "failed: " + std::string(e.what()));
-    worker_exit(1);
-  } catch (const std::exception& e) {
-    write_error_record(dir, rank, "exception", e.what());
-    runtime::log(runtime::LogLevel::kError, "failed: " + std::string(e.what()));
-    worker_exit(1);
-  } catch (...) {
-    write_error_record(dir, rank, "exception", "unknown exception");
-    worker_exit(1);
-  }
-}
-
-// A forked worker runs on a fresh thread, not on the forked main thread.
-// GNU OpenMP keeps a thread pool per master thread, and the child inherits the
-// parent's pool without its threads: if the launching process ran a parallel
-// region before fit, the forked main thread's first parallel region waits
-// for them forever. A new thread starts a pool of its own.
-[[noreturn]] void run_forked_worker(const WorkerFn& fn, int64_t local_world_size) {
-  struct Job {
-    const WorkerFn* fn;
-    int64_t local_world_size;
-  } job{&fn, local_world_size};
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, size_t{64} << 20);  // user code may recurse deeply
-  pthread_t thread;
-  auto body = [](void* arg) -> void* {
-    auto* j = static_cast<Job*>(arg);
-    runtime::apply_thread_policy(j->local_world_size);
-    run_worker(*j->fn);  // exits the process
-  };
-  const int err = pthread_create(&thread, &attr, body, &job);
-  pthread_attr_destroy(&attr);
-  if (err != 0) {
-    runtime::log(runtime::LogLevel::kWarning, std::string("cannot start the worker thread (") + std::strerror(err) +
-                                                  "); running on the main thread");
-    runtime::apply_thread_policy(local_world_size);
-    run_worker(fn);
-  }
-  pthread_join(thread, nullptr);
-  worker_exit(1);  // not reached: run_worker exits
-}
-
 }  // namespace
-
-namespace detail {
-
-WorkerForkFn set_worker_fork(WorkerForkFn fn) {
-  WorkerForkFn previous = g_worker_fork == plain_fork ? nullptr : g_worker_fork;
-  g_worker_fork = fn ? fn : plain_fork;
-  return previous;
-}
-
-}  // namespace detail
 
 bool is_fulgur_worker() {
   return runtime::env_string(kWorkerEnv) == "1";
@@ -344,213 +94,42 @@ MultiProcessLauncher::MultiProcessLauncher(MultiProcessLauncherOptions options) 
 
 namespace {
 
-// How one attempt of a launch ended.
-struct AttemptEnd {
-  bool ok = false;
-  // The failure report (empty when ok): the root cause first.
-  std::string report;
-  int rank = 0;
-  int exit_code = 0;
-  // A stop signal was forwarded to the workers: the job is not restarted.
-  bool interrupted = false;
-};
-
 // One attempt of launch `index`: starts this node's workers with `env`,
 // supervises them until every one has exited (the first failure stops the
 // others), and explains a failure. Throws only when a worker cannot be
 // started (after killing the ones that were).
-AttemptEnd run_attempt(const MultiProcessLauncherOptions& options, const WorkerFn& fn,
-                       const std::map<std::string, std::string>& env, const std::string& dir, int64_t index,
-                       int64_t attempt) {
-  const int64_t n = options.num_processes();
-  const bool several_nodes = options.num_nodes() > 1;
+detail::FailureReport run_attempt(const MultiProcessLauncherOptions& options, const WorkerFn& fn,
+                                  const std::map<std::string, std::string>& env, const std::string& dir,
+                                  int64_t index, int64_t attempt) {
   const std::string keys = detail::launch_store_prefix(index, attempt);
-  const std::vector<std::string> argv = options.start_method() == "spawn" ? own_argv() : std::vector<std::string>{};
-  const pid_t parent = ::getpid();
-  std::vector<pid_t> pids(n, -1);
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  for (int64_t local = 0; local < n; ++local) {
-    const int64_t rank = options.node_rank() * n + local;
-    const pid_t pid = g_worker_fork(local);
-    if (pid < 0) {
-      const int err = errno;
-      const std::vector<pid_t> started(pids.begin(), pids.begin() + local);
-      kill_and_reap(started);
-      const std::string what = "cannot start worker rank " + std::to_string(rank) + " (local rank " +
-                               std::to_string(local) + " of " + std::to_string(n) + "): fork failed: " +
-                               std::strerror(err) + "; the " + std::to_string(local) +
-                               " worker(s) already started were killed";
-      if (several_nodes) report_failure_to_job(options, keys, "launcher " + what);
-      throw std::runtime_error("launcher: " + what);
-    }
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(1);
-      ::signal(SIGTERM, SIG_DFL);
-      ::signal(SIGINT, SIG_DFL);
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
-      if (options.start_method() == "spawn") {
-        std::vector<char*> args;
-        for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-        args.push_back(nullptr);
-        ::execv("/proc/self/exe", args.data());
-        std::fprintf(stderr, "fulgur: rank %lld: cannot re-execute the program: %s\n", static_cast<long long>(rank),
-                     std::strerror(errno));
-        ::_exit(127);
-      }
-      g_launches = static_cast<int>(index);
-      run_forked_worker(fn, n);
-    }
-    pids[local] = pid;
-  }
-
-  // Supervise: the first failure stops the others. The guard is installed
-  // after the forks: a forked worker would inherit it as already installed,
-  // and its own guard (run_in_worker) would then not install its handlers.
+  const std::vector<pid_t> pids = detail::start_workers(options, fn, env, index, keys);
+  // Installed after the forks (see supervise), and held until the attempt is explained.
   runtime::StopSignalGuard signals;
-  struct Exit {
-    bool done = false;
-    int status = 0;
-    double time = 0;
-  };
-  std::vector<Exit> exits(n);
-  int64_t alive = n;
-  bool forwarded = false;
-  bool hurried = false;
-  int forwarded_signal = 0;
-  bool killed_after_signal = false;  // SIGKILL sent to workers a stop signal did not end
-  bool stopping = false;
-  double stop_time = 0;  // when the parent began stopping the others
-  auto stop_deadline = std::chrono::steady_clock::time_point::max();
-  auto next_poll = std::chrono::steady_clock::now();
-  while (alive > 0) {
-    // Another node's failure stops this node's workers too.
-    if (several_nodes && !stopping && !forwarded && std::chrono::steady_clock::now() >= next_poll) {
-      if (!failure_elsewhere(options, keys, std::chrono::milliseconds(1000)).empty()) {
-        stopping = true;
-        stop_time = now_seconds();
-        for (int64_t j = 0; j < n; ++j)
-          if (!exits[j].done) ::kill(pids[j], SIGTERM);
-        stop_deadline = std::chrono::steady_clock::now() + options.grace_period();
-      }
-      next_poll = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-    }
-    if (!forwarded && runtime::received_stop_signal() != 0) {
-      forwarded = true;
-      forwarded_signal = runtime::received_stop_signal();
-      for (int64_t i = 0; i < n; ++i)
-        if (!exits[i].done) ::kill(pids[i], forwarded_signal);
-      stop_deadline = std::min(stop_deadline, std::chrono::steady_clock::now() + options.stop_timeout());
-    }
-    if (forwarded && !hurried && runtime::stop_signal_count() > 1) {
-      hurried = true;  // asked twice: SIGKILL now
-      stop_deadline = std::chrono::steady_clock::now();
-    }
-    bool progressed = false;
-    for (int64_t i = 0; i < n; ++i) {
-      if (exits[i].done) continue;
-      int status = 0;
-      const pid_t r = ::waitpid(pids[i], &status, WNOHANG);
-      if (r != pids[i]) continue;
-      exits[i] = {true, status, now_seconds()};
-      --alive;
-      progressed = true;
-      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && !stopping && !forwarded) {
-        if (several_nodes) {
-          const int64_t rank = options.node_rank() * n + i;
-          const ErrorRecord rec = read_error_record(dir, rank);
-          std::string what = "worker rank " + std::to_string(rank) +
-                             (WIFSIGNALED(status) ? " was killed by " + signal_name(WTERMSIG(status))
-                                                  : " exited with code " + std::to_string(WEXITSTATUS(status)));
-          if (rec.present) what += ": " + rec.message;
-          // A collective error here is the consequence of a failure elsewhere, which that node reports.
-          if (!(rec.present && rec.kind == "collective")) report_failure_to_job(options, keys, what);
-        }
-        stopping = true;
-        stop_time = now_seconds();
-        for (int64_t j = 0; j < n; ++j)
-          if (!exits[j].done) ::kill(pids[j], SIGTERM);
-        stop_deadline = std::chrono::steady_clock::now() + options.grace_period();
-      }
-    }
-    if (alive > 0 && std::chrono::steady_clock::now() >= stop_deadline) {
-      killed_after_signal = forwarded;
-      for (int64_t j = 0; j < n; ++j)
-        if (!exits[j].done) ::kill(pids[j], SIGKILL);
-      stop_deadline = std::chrono::steady_clock::time_point::max();
-    }
-    if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const detail::Supervised run = detail::supervise(options, pids, dir, keys);
+  std::map<int64_t, detail::ErrorRecord> records;
+  for (const detail::WorkerExit& e : run.exits) {
+    if (!e.ok()) records[e.rank] = detail::read_error_record(dir, e.rank);
   }
-  runtime::clear_stop_signal();
+  detail::JobView job;
+  job.node_rank = options.node_rank();
+  job.several_nodes = options.num_nodes() > 1;
+  job.stop_timeout_ms = options.stop_timeout().count();
+  job.failure_elsewhere = [&] { return detail::failure_elsewhere(options, keys); };
+  return detail::diagnose(run.exits, records, run.log, job);
+}
 
-  bool all_ok = true;
-  for (const auto& e : exits) all_ok = all_ok && WIFEXITED(e.status) && WEXITSTATUS(e.status) == 0;
-  if (all_ok) return AttemptEnd{true, "", 0, 0, false};
-
-  // Root cause: the earliest failure that is not a consequence of another
-  // (a collective error caused by a peer leaving, or a rank the parent
-  // signalled while stopping the job).
-  struct Failure {
-    int64_t rank;
-    double time;
-    int priority;  // 0 root cause, 1 consequence
-    std::string how;
-    int code;
-  };
-  std::vector<Failure> failures;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t rank = options.node_rank() * n + i;
-    const int status = exits[i].status;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    ErrorRecord rec = read_error_record(dir, rank);
-    Failure f{rank, rec.present ? rec.time : exits[i].time, 0, "", 1};
-    if (WIFSIGNALED(status)) {
-      const int sig = WTERMSIG(status);
-      f.how = "was killed by " + signal_name(sig);
-      f.code = 128 + sig;
-      const bool ours = sig == SIGTERM || sig == SIGKILL;
-      if (stopping && ours && exits[i].time >= stop_time) f.priority = 1;
-    } else {
-      f.code = WEXITSTATUS(status);
-      f.how = "exited with code " + std::to_string(f.code);
-      if (rec.present && rec.kind == "collective") f.priority = 1;
-    }
-    if (rec.present) f.how += ": " + rec.message;
-    failures.push_back(f);
+// In a spawned worker: replays the launches its parent made before this one
+// (their results are in the launch folders), then runs its part of this one.
+c10::IValue run_spawned_worker(const MultiProcessLauncherOptions& options, const WorkerFn& fn) {
+  const int64_t index = runtime::env_int(kLaunchIndexEnv, -1);
+  if (index < 0) throw std::runtime_error(std::string("a spawned fulgur worker needs ") + kLaunchIndexEnv + ", which is not set");
+  const int64_t mine = detail::launch_count()++;
+  if (mine < index) {
+    if (options.num_nodes() > 1 && options.node_rank() != 0) return c10::IValue();  // as the parent got
+    const std::string earlier = fs::path(runtime::env_required(kLaunchDirEnv, "a spawned fulgur worker")).parent_path() / ("launch-" + std::to_string(mine)) / "result.pt";
+    return TorchCheckpointIO().load_checkpoint(earlier).at("result");
   }
-  std::sort(failures.begin(), failures.end(), [](const Failure& a, const Failure& b) {
-    return a.priority != b.priority ? a.priority < b.priority : a.time < b.time;
-  });
-  const Failure& first = failures.front();
-  if (forwarded) {
-    std::string what = "job interrupted by " + signal_name(forwarded_signal) + "; rank " + std::to_string(first.rank) +
-                       " " + first.how;
-    if (killed_after_signal) {
-      what += hurried ? "; a second signal killed the workers still running"
-                      : "; the workers still running " + std::to_string(options.stop_timeout().count()) +
-                            " ms after it (stop_timeout) were killed";
-    }
-    return AttemptEnd{false, what, static_cast<int>(first.rank), 128 + forwarded_signal, true};
-  }
-  std::ostringstream report;
-  const std::string elsewhere = several_nodes && first.priority == 1 ? failure_elsewhere(options, keys) : "";
-  if (!elsewhere.empty()) {
-    report << "node " << options.node_rank() << " stopped because the job failed on " << elsewhere << "; here ";
-  } else if (several_nodes) {
-    report << "node " << options.node_rank() << ": ";
-  }
-  report << "worker rank " << first.rank << " failed first: it " << first.how;
-  if (failures.size() > 1) {
-    report << " (then stopped: ";
-    for (size_t i = 1; i < failures.size(); ++i) report << (i > 1 ? ", " : "") << "rank " << failures[i].rank;
-    report << ")";
-  }
-  return AttemptEnd{false, report.str(), static_cast<int>(first.rank), 1, false};
+  detail::run_worker(fn);
 }
 
 // Empties a launch's folder for its next attempt (error records, the file
@@ -582,42 +161,14 @@ std::string attempts_report(const std::vector<std::string>& reports, bool interr
 }  // namespace
 
 c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
-  if (is_fulgur_worker()) {
-    // A spawned worker replays the launches its parent made before this one.
-    const int64_t index = runtime::env_int(kLaunchIndexEnv, -1);
-    if (index < 0) throw std::runtime_error(std::string("a spawned fulgur worker needs ") + kLaunchIndexEnv + ", which is not set");
-    const int64_t mine = g_launches++;
-    if (mine < index) {
-      if (options_.num_nodes() > 1 && options_.node_rank() != 0) return c10::IValue();  // as the parent got
-      const std::string earlier = fs::path(runtime::env_required(kLaunchDirEnv, "a spawned fulgur worker")).parent_path() / ("launch-" + std::to_string(mine)) / "result.pt";
-      return TorchCheckpointIO().load_checkpoint(earlier).at("result");
-    }
-    run_worker(fn);
-  }
+  if (is_fulgur_worker()) return run_spawned_worker(options_, fn);
   if (options_.processes_created_externally()) return fn();  // torchrun, srun, ...
 
-  const int64_t n = options_.num_processes();
-  const int64_t index = g_launches++;
+  const int64_t index = detail::launch_count()++;
   const std::string dir = run_dir() + "/launch-" + std::to_string(index);
   fs::create_directories(dir);
-  const int64_t world = n * options_.num_nodes();
-  std::map<std::string, std::string> env = runtime::thread_environment(n);
-  env[kWorkerEnv] = "1";
-  env[kLaunchDirEnv] = dir;
-  env[kLaunchIndexEnv] = std::to_string(index);
-  env["WORLD_SIZE"] = std::to_string(world);
-  env["LOCAL_WORLD_SIZE"] = std::to_string(n);
-  env["NODE_RANK"] = std::to_string(options_.node_rank());
-  env["NUM_NODES"] = std::to_string(options_.num_nodes());
-  env["MASTER_ADDR"] = options_.main_address();
-  env["MASTER_PORT"] = std::to_string(options_.main_port());
-  const bool several_nodes = options_.num_nodes() > 1;
-  if (several_nodes) {
-    if (options_.node_rank() == 0) node_store(options_);  // serve before any worker needs it
-    env[kParentStoreEnv] = "1";
-  } else {
-    env[kStoreEnv] = dir + "/store";
-  }
+  std::map<std::string, std::string> env = detail::worker_environment(options_, dir, index);
+  if (options_.num_nodes() > 1) detail::serve_node_store(options_);  // before any worker needs it
 
   // A failed attempt is started again, up to max_restarts times, once every
   // worker of it has exited; a fit resumes from the run's last.ckpt
@@ -626,7 +177,7 @@ c10::IValue MultiProcessLauncher::launch(const WorkerFn& fn) {
   for (int64_t attempt = 0;; ++attempt) {
     if (attempt > 0) clear_for_restart(dir);
     env[kRestartCountEnv] = std::to_string(attempt);
-    const AttemptEnd end = run_attempt(options_, fn, env, dir, index, attempt);
+    const detail::FailureReport end = run_attempt(options_, fn, env, dir, index, attempt);
     if (end.ok) {
       if (options_.node_rank() != 0) return c10::IValue();
       return TorchCheckpointIO().load_checkpoint(dir + "/result.pt").at("result");

@@ -52,12 +52,27 @@ void write_line(const std::string& line) {
 std::atomic<int64_t> scoped_rank{-1};
 std::atomic<int64_t> scoped_world_size{-1};
 
-// This process's global rank and world size.
+// The detected environment's rank and world size, and the process they were detected in. The
+// variables do not change within a process (a forked worker gets its own before it logs, and has
+// another pid), so detection runs once per process, not once per message. Atomics, not a mutex:
+// a fork may copy a mutex another thread holds; two threads that race detect the same values.
+std::atomic<pid_t> detected_pid{-1};
+std::atomic<int64_t> detected_rank{0};
+std::atomic<int64_t> detected_world_size{1};
+
+// This process's global rank and world size: a RankScope's while a stage runs, else the detected
+// environment's.
 std::pair<int64_t, int64_t> ranks() {
   const int64_t rank = scoped_rank.load();
   if (rank >= 0) return {rank, scoped_world_size.load()};
-  const auto env = detect_cluster_environment();
-  return {env->global_rank(), env->world_size()};
+  const pid_t pid = ::getpid();
+  if (detected_pid.load(std::memory_order_acquire) != pid) {
+    const auto env = detect_cluster_environment();
+    detected_rank.store(env->global_rank());
+    detected_world_size.store(env->world_size());
+    detected_pid.store(pid, std::memory_order_release);
+  }
+  return {detected_rank.load(), detected_world_size.load()};
 }
 
 // In a worker of fulgur's launcher: the folder where the messages shown once are recorded for

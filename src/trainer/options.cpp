@@ -57,11 +57,8 @@ void require(bool ok, const std::string& message) {
   if (!ok) throw std::invalid_argument(message);
 }
 
-// "SIGTERM" for 15; the number for a signal without a name here.
-
-}  // namespace
-
-TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_in), options(std::move(opts)) {
+// The options' own ranges (and the environment's variables), before any process starts.
+void check_options(const TrainerOptions& options) {
   require(options.max_epochs().value_or(0) >= -1,
           "max_epochs=" + std::to_string(options.max_epochs().value_or(0)) + " is invalid; use -1 (no limit) or >= 0");
   require(options.max_steps() >= -1, "max_steps=" + std::to_string(options.max_steps()) + " is invalid; use -1 or >= 0");
@@ -92,13 +89,11 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
                              {options.val_check_interval(), "val_check_interval"}}) {
     limit.resolve(1, name);
   }
-  resolved.max_epochs = options.max_epochs().value_or(options.max_steps() == -1 ? 1000 : -1);
-  if (options.fast_dev_run() > 0) {
-    resolved.limit_overrides = options.fast_dev_run();
-    resolved.max_epochs = 1;
-  }
-  if (options.gradient_clip_val() && *options.gradient_clip_val() > 0) resolved.gradient_clip_val = options.gradient_clip_val();
+}
 
+// The strategy object given, else the one the options name. Throws std::invalid_argument for a
+// null object or one that contradicts use_distributed_sampler.
+std::shared_ptr<Strategy> resolve_strategy(const TrainerOptions& options) {
   const StrategyChoice& choice = options.strategy();
   if (choice.is_null()) {
     std::string names;
@@ -106,7 +101,7 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
     throw std::invalid_argument("strategy: the Strategy object (or name) given is null; give a configured strategy "
                                 "object or one of the names " + names);
   }
-  strategy = choice.object();
+  std::shared_ptr<Strategy> strategy = choice.object();
   if (!strategy) {
     strategy = make_strategy(StrategyRequest()
                                  .strategy(choice.name())
@@ -124,9 +119,13 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
         "use_distributed_sampler=false, but the strategy object shards loaders (its "
         "ParallelOptions::use_distributed_sampler is true); with a strategy object, set it there");
   }
+  return strategy;
+}
 
-  callbacks = options.callbacks();
-  const bool dev_run = resolved.limit_overrides > 0;
+// The callbacks given, with the default ModelCheckpoint, ProgressBar and ModelSummary where the
+// options enable them and none is given; checked for nulls and shared state keys.
+std::vector<std::shared_ptr<Callback>> resolve_callbacks(const TrainerOptions& options, bool dev_run) {
+  std::vector<std::shared_ptr<Callback>> callbacks = options.callbacks();
   if (options.enable_checkpointing() && !dev_run && !find_callback<ModelCheckpoint>(callbacks)) {
     callbacks.push_back(std::make_shared<ModelCheckpoint>());
   }
@@ -147,12 +146,19 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
     require(keys.insert(c->state_key()).second,
             "callbacks: two callbacks share the state key '" + c->state_key() + "'; give them different settings");
   }
+  return callbacks;
+}
+
+// The loggers given, with TensorBoard's and a CSV logger when the option is `true`; none under
+// fast_dev_run.
+std::vector<std::shared_ptr<Logger>> resolve_loggers(const TrainerOptions& options, bool dev_run) {
   const LoggerChoice& logger = options.logger();
   for (size_t i = 0; i < logger.loggers().size(); ++i) {
     require(logger.loggers()[i] != nullptr,
             "logger: logger " + std::to_string(i) + " of the " + std::to_string(logger.loggers().size()) +
                 " given is null; give a Logger object, true (a TensorBoardLogger and a CSVLogger in default_root_dir) or false (none)");
   }
+  std::vector<std::shared_ptr<Logger>> loggers;
   if (!dev_run) {
     loggers = logger.loggers();
     // Lightning's default is TensorBoard when it is installed; the event-file writer here needs
@@ -163,6 +169,24 @@ TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_i
       loggers.push_back(std::make_shared<CSVLogger>(options.default_root_dir()));
     }
   }
+  return loggers;
+}
+
+}  // namespace
+
+TrainerImpl::TrainerImpl(Trainer& owner_in, TrainerOptions opts) : owner(owner_in), options(std::move(opts)) {
+  check_options(options);
+  resolved.max_epochs = options.max_epochs().value_or(options.max_steps() == -1 ? 1000 : -1);
+  if (options.fast_dev_run() > 0) {
+    resolved.limit_overrides = options.fast_dev_run();
+    resolved.max_epochs = 1;
+  }
+  if (options.gradient_clip_val() && *options.gradient_clip_val() > 0) resolved.gradient_clip_val = options.gradient_clip_val();
+
+  strategy = resolve_strategy(options);
+  const bool dev_run = resolved.limit_overrides > 0;
+  callbacks = resolve_callbacks(options, dev_run);
+  loggers = resolve_loggers(options, dev_run);
 }
 
 }  // namespace detail

@@ -156,34 +156,29 @@ std::string pjrt_report(const BackendMetrics& m) {
   return o.str();
 }
 
+// torch::lazy on libtorch's TorchScript backend ("ts"), the reference; PjrtLazyBackend below
+// replaces its compile and device data with XLA's.
 class LazyBackend : public Backend {
  public:
-  explicit LazyBackend(bool pjrt) : pjrt_(pjrt) {
+  LazyBackend() : LazyBackend([] {
+    static std::once_flag once;
+    std::call_once(once, [] { torch::lazy::InitTorchScriptBackend(); });
+  }) {}
+
+ protected:
+  // `start_backend` registers the lazy core's backend; the Lazy-key kernels are installed around it.
+  explicit LazyBackend(void (*start_backend)()) {
     detail::install_lazy_view_kernels();
-    if (pjrt) {
-      install_pjrt_lazy_backend();
-    } else {
-      static std::once_flag once;
-      std::call_once(once, [] { torch::lazy::InitTorchScriptBackend(); });
-    }
+    start_backend();
     // After the TorchScript backend's start, which registers the lazy core's kernels of the
     // same ops (they would replace these).
     detail::install_lazy_random_kernels();
     seen_uncached_ = counter("UncachedCompile");
   }
 
-  std::string name() const override { return pjrt_ ? "pjrt" : "ts"; }
+ public:
+  std::string name() const override { return "ts"; }
   c10::Device device() const override { return c10::Device(c10::kLazy, 0); }
-  bool update_joins_backward_graph() const override { return pjrt_; }
-
-  void copy_to_host(const at::Tensor& tensor, const at::Tensor& dst) const override {
-    // A value in a PJRT buffer is read straight into `dst`.
-    if (!pjrt_ || !copy_device_value_to_host(tensor, dst)) Backend::copy_to_host(tensor, dst);
-  }
-
-  at::Tensor from_host(const at::Tensor& host, const c10::Device& device) const override {
-    return pjrt_ ? device_tensor_from_host(host, device) : Backend::from_host(host, device);
-  }
 
   void mark_step() override {
     const auto t0 = std::chrono::steady_clock::now();
@@ -225,10 +220,6 @@ class LazyBackend : public Backend {
     unexplained_ = 0;
   }
 
-  std::map<std::string, int64_t> device_memory_stats() const override {
-    return pjrt_ ? pjrt::process_client().memory_stats() : std::map<std::string, int64_t>{};
-  }
-
   BackendMetrics metrics() const override {
     std::lock_guard<std::mutex> lock(mu_);
     BackendMetrics m;
@@ -239,26 +230,8 @@ class LazyBackend : public Backend {
     for (const auto& [op, n] : fallback_counters()) m.eager_fallbacks[op] += n;
     m.compile_seconds = compile_seconds_;
     m.execute_seconds = execute_seconds_;
-    if (pjrt_) {
-      const PjrtBackendMetrics p = pjrt_backend_metrics();
-      m.xla_graphs_compiled = p.graphs_compiled;
-      m.xla_compile_seconds = p.compile_seconds;
-      m.xla_executions = p.executions;
-      const pjrt::RuntimeMetrics r = pjrt::runtime_metrics();
-      m.xla_executed_flops = r.executed_flops;
-      m.xla_executions_without_flops = r.executions_without_flops;
-      m.bytes_to_device = p.bytes_to_device;
-      m.bytes_to_host = p.bytes_to_host;
-      m.xla_fallbacks = p.fallbacks;
-      m.ts_fallback_executions = p.fallback_executions;
-      m.xla_host_convolutions = p.host_convolutions;
-      m.xla_buffers_donated = p.buffers_donated;
-      m.xla_bytes_donated = p.bytes_donated;
-    }
     return m;
   }
-
-  std::string backend_report() const override { return pjrt_ ? pjrt_report(metrics()) : std::string(); }
 
   std::string metrics_report() const override {
     std::string r = Backend::metrics_report();
@@ -313,7 +286,6 @@ class LazyBackend : public Backend {
     }
   }
 
-  const bool pjrt_;
   mutable std::mutex mu_;
   int64_t seen_uncached_ = 0;
   int64_t mark_steps_ = 0;
@@ -330,8 +302,55 @@ class LazyBackend : public Backend {
   int64_t unexplained_ = 0;
 };
 
+// The default backend ("pjrt"): the lazy core's graphs compiled by XLA through the process's PJRT
+// client, device data in PJRT buffers (pjrt_backend.cpp).
+class PjrtLazyBackend final : public LazyBackend {
+ public:
+  PjrtLazyBackend() : LazyBackend(install_pjrt_lazy_backend) {}
+
+  std::string name() const override { return "pjrt"; }
+  // XLA compiles the update into the backward: one graph per step.
+  bool update_joins_backward_graph() const override { return true; }
+
+  void copy_to_host(const at::Tensor& tensor, const at::Tensor& dst) const override {
+    // A value in a PJRT buffer is read straight into `dst`.
+    if (!copy_device_value_to_host(tensor, dst)) Backend::copy_to_host(tensor, dst);
+  }
+
+  at::Tensor from_host(const at::Tensor& host, const c10::Device& device) const override {
+    return device_tensor_from_host(host, device);
+  }
+
+  std::map<std::string, int64_t> device_memory_stats() const override { return pjrt::process_client().memory_stats(); }
+
+  BackendMetrics metrics() const override {
+    BackendMetrics m = LazyBackend::metrics();
+    const PjrtBackendMetrics p = pjrt_backend_metrics();
+    m.xla_graphs_compiled = p.graphs_compiled;
+    m.xla_compile_seconds = p.compile_seconds;
+    m.xla_executions = p.executions;
+    const pjrt::RuntimeMetrics r = pjrt::runtime_metrics();
+    m.xla_executed_flops = r.executed_flops;
+    m.xla_executions_without_flops = r.executions_without_flops;
+    m.bytes_to_device = p.bytes_to_device;
+    m.bytes_to_host = p.bytes_to_host;
+    m.xla_fallbacks = p.fallbacks;
+    m.ts_fallback_executions = p.fallback_executions;
+    m.xla_host_convolutions = p.host_convolutions;
+    m.xla_buffers_donated = p.buffers_donated;
+    m.xla_bytes_donated = p.bytes_donated;
+    return m;
+  }
+
+ protected:
+  std::string backend_report() const override { return pjrt_report(metrics()); }
+};
+
 }  // namespace
 
-std::unique_ptr<Backend> make_lazy_backend(bool pjrt) { return std::make_unique<LazyBackend>(pjrt); }
+std::unique_ptr<Backend> make_lazy_backend(bool pjrt) {
+  if (pjrt) return std::make_unique<PjrtLazyBackend>();
+  return std::make_unique<LazyBackend>();
+}
 
 }  // namespace fulgur::xla

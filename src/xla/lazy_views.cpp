@@ -14,8 +14,8 @@
 //    returned CPU tensors, and the next op failed with "Input tensor is not a lazy tensor:
 //    CPUFloatType". Here they are select_copy / slice_copy along the dimension.
 // And ops the lazy core has no node for, which it ran eagerly on the host (an eager fallback per
-// call, the data copied out of the device and back): clamp_max, argmax, mse_loss and its
-// backward, composed here from ops it has nodes for and the StableHLO emitter lowers (clamp,
+// call, the data copied out of the device and back): clamp_max, argmax, min along a dim,
+// mse_loss and its backward, composed here from ops it has nodes for and the StableHLO emitter lowers (clamp,
 // max along a dim, arithmetic and sums), so that a regression loss or an accuracy metric stays
 // in the step's XLA program.
 // And copy, the functional form of copy_ that functionalization writes where a tensor is
@@ -32,8 +32,20 @@
 // core has no node for either and ran on the host: here it is an aten::where node of fulgur's
 // (WhereNode), with its operands promoted to the result type and its shape broadcast, which the
 // emitter lowers (rules/elementwise.cpp) and a graph kept on TorchScript runs as aten::where.
+// And clamp with tensor bounds (clamp.Tensor, clamp_min.Tensor, clamp_max.Tensor), which the lazy
+// core has no node for: here minimum(maximum(self, min), max), lowered ops that propagate NaN from
+// any operand as libtorch's kernel does and give max where min > max.
+// And scatter (scatter.src: what topk's and max's backwards write their gradient into zeros
+// with; scatter.value: what scatter's own backward writes zeros with), which the lazy core has
+// no node for: here an aten::scatter node of fulgur's (ScatterNode), lowered to a
+// stablehlo.scatter (rules/index.cpp).
+// And equal (torch::equal; libtorch's C++ MultiheadAttention compares query, key and value with
+// it to choose its projection path), which the eager fallback ran by copying both tensors to the
+// host: here the sizes are compared on the host and the values on the device (all(eq)), and
+// only the resulting bool is read back. Reading it still runs the graph traced so far (the step
+// is cut there); docs/GUIDE.md says how MultiheadAttention's self-attention avoids it.
 // The results are the eager kernels' (tests/test_modules.cpp runs the modules against eager,
-// tests/test_xla_ops.cpp each op, with nothing left on the host).
+// tests/xla_rules/ each op, with nothing left on the host).
 
 #include "xla/lazy_views.h"
 
@@ -105,6 +117,17 @@ at::Tensor argmax(const at::Tensor& self, std::optional<int64_t> dim, bool keepd
   if (dim) return std::get<1>(at::max(self, *dim, keepdim));
   at::Tensor index = std::get<1>(at::max(at::view_copy(self, {-1}), 0, false));
   return keepdim ? at::view_copy(index, std::vector<int64_t>(static_cast<size_t>(self.dim()), 1)) : index;
+}
+
+// min along a dim, as max along it of the values in reversed order: -x for floats (NaN stays
+// NaN, so the first NaN still wins), -x - 1 in int64 for integers and bool (~x in two's
+// complement, which wraps without overflow at the lowest value). The first index of ties, as
+// at::min gives it.
+std::tuple<at::Tensor, at::Tensor> min_dim(const at::Tensor& self, int64_t dim, bool keepdim) {
+  const bool floating = at::isFloatingType(self.scalar_type());
+  auto reversed = [&](const at::Tensor& t) { return floating ? at::neg(t) : at::neg(t) - 1; };
+  auto [values, indices] = at::max(reversed(floating ? self : self.to(at::kLong)), dim, keepdim);
+  return {reversed(values).to(self.scalar_type()), indices};
 }
 
 at::Tensor mse_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
@@ -182,6 +205,73 @@ at::Tensor where(const at::Tensor& condition, const at::Tensor& self, const at::
   return lazy::CreateAtenFromLtcTensor(lazy::LazyTensor::Create(lazy::Value(node, 0), lazy_device));
 }
 
+// clamp.Tensor: at least one bound, as libtorch requires.
+at::Tensor clamp_tensor(const at::Tensor& self, const std::optional<at::Tensor>& min,
+                        const std::optional<at::Tensor>& max) {
+  const bool has_min = min && min->defined(), has_max = max && max->defined();
+  TORCH_CHECK(has_min || has_max, "torch.clamp: At least one of 'min' or 'max' must not be None");
+  at::Tensor out = has_min ? at::maximum(self, *min) : self;
+  return has_max ? at::minimum(out, *max) : out;
+}
+at::Tensor clamp_min_tensor(const at::Tensor& self, const at::Tensor& min) { return at::maximum(self, min); }
+at::Tensor clamp_max_tensor(const at::Tensor& self, const at::Tensor& max) { return at::minimum(self, max); }
+
+// aten::scatter(self, dim, index, src): self with src[i] written at index[i] along dim (src's
+// leading part of index's shape), the result of self's shape and dtype.
+class ScatterNode : public lazy::TsNode {
+ public:
+  ScatterNode(const lazy::Value& self, int64_t dim, const lazy::Value& index, const lazy::Value& src,
+              const lazy::Shape& shape)
+      : lazy::TsNode(lazy::OpKind(at::aten::scatter), {self, index, src}, std::vector<lazy::Shape>{shape}, 1,
+                     lazy::MHash(dim)),
+        dim_(dim) {}
+
+  lazy::TSOpVector Lower(std::shared_ptr<torch::jit::GraphFunction> function,
+                         lazy::TSLoweringContext* loctx) const override {
+    std::vector<torch::jit::NamedValue> args;
+    args.emplace_back(loctx->GetOutputOp(operand(0)));
+    args.emplace_back(dim_);
+    args.emplace_back(loctx->GetOutputOp(operand(1)));
+    args.emplace_back(loctx->GetOutputOp(operand(2)));
+    return lazy::LowerTSBuiltin(function, op().op, args);
+  }
+
+ private:
+  int64_t dim_;
+};
+
+at::Tensor scatter_src(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src) {
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  TORCH_CHECK(index.scalar_type() == at::kLong, "scatter(): Expected dtype int64 for index, got ",
+              c10::toString(index.scalar_type()));
+  TORCH_CHECK(index.dim() == self.dim() && src.dim() == self.dim(),
+              "scatter(): Index tensor must have the same number of dimensions as self and src, got ", index.dim(),
+              ", ", self.dim(), " and ", src.dim());
+  for (const at::Tensor* x : {&index, &src})
+    TORCH_CHECK(x->device() == self.device(), "scatter(): expected index and src on ", self.device(), " as self, got ",
+                x->device());
+  const lazy::BackendDevice device = lazy::atenDeviceToBackendDevice(self.device());
+  auto value = [](const at::Tensor& x) { return lazy::GetLtcTensor(x)->GetIrValue(); };
+  const at::Tensor s = src.scalar_type() == self.scalar_type() ? src : src.to(self.scalar_type());
+  const lazy::Shape shape(self.scalar_type(), self.sizes().vec());
+  lazy::NodePtr node = std::make_shared<ScatterNode>(value(self), dim, value(index), value(s), shape);
+  return lazy::CreateAtenFromLtcTensor(lazy::LazyTensor::Create(lazy::Value(node, 0), device));
+}
+
+// scatter.value (scatter's backward writes zeros over the gradient with it): scatter.src of a
+// tensor of the value, of index's shape.
+at::Tensor scatter_value(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value) {
+  return scatter_src(self, dim, index, at::full(index.sizes(), value, self.options()));
+}
+
+// torch::equal: the same sizes (known on the host) and all elements equal (NaN is not equal to
+// itself), the latter computed on the device and read back as one bool.
+bool equal(const at::Tensor& self, const at::Tensor& other) {
+  if (!self.is_same_size(other)) return false;
+  if (self.numel() == 0) return true;
+  return at::all(at::eq(self, other)).item<bool>();
+}
+
 }  // namespace
 
 void install_lazy_view_kernels() {
@@ -195,12 +285,19 @@ void install_lazy_view_kernels() {
     lib.impl("unbind_copy.int", TORCH_FN(unbind_copy));
     lib.impl("clamp_max", TORCH_FN(clamp_max));
     lib.impl("argmax", TORCH_FN(argmax));
+    lib.impl("min.dim", TORCH_FN(min_dim));
     lib.impl("mse_loss", TORCH_FN(mse_loss));
     lib.impl("mse_loss_backward", TORCH_FN(mse_loss_backward));
     lib.impl("where.self", TORCH_FN(where));
     lib.impl("copy", TORCH_FN(copy));
     lib.impl("logical_and", TORCH_FN(logical_and));
     lib.impl("logical_or", TORCH_FN(logical_or));
+    lib.impl("clamp.Tensor", TORCH_FN(clamp_tensor));
+    lib.impl("clamp_min.Tensor", TORCH_FN(clamp_min_tensor));
+    lib.impl("clamp_max.Tensor", TORCH_FN(clamp_max_tensor));
+    lib.impl("scatter.src", TORCH_FN(scatter_src));
+    lib.impl("scatter.value", TORCH_FN(scatter_value));
+    lib.impl("equal", TORCH_FN(equal));
     static torch::Library meta(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
     meta.impl("logical_and.out", TORCH_FN(logical_out_meta));
     meta.impl("logical_or.out", TORCH_FN(logical_out_meta));

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // The StableHLO emitter's driver; see emitter.h. Emitter::run walks the graph: it finds the live
 // nodes, reports the kinds without a rule, gives the graph's inputs their parameters, calls each
-// live node's lowering rule (the rule table of the op families in rules/, lowering.h) and writes
-// @main with its results and aliases.
+// live node's lowering rule (the rule table of the op families in rules/, lowering.h: the first
+// platform rule of the options' platforms that takes the node, else the generic rule) and writes
+// @main with its results and aliases. emit_stablehlo first runs the graph passes (passes.h).
 
 #include "xla/stablehlo/emitter.h"
 
 #include "xla/stablehlo/lowering.h"
+#include "xla/stablehlo/passes.h"
 
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
@@ -105,7 +107,11 @@ Emission Emitter::run() {
       continue;
     }
     try {
-      rules().find(n->kind().toQualString())(*this, n);
+      const char* kind = n->kind().toQualString();
+      bool lowered = false;
+      for (const PlatformVariant& v : rules().platform_rules(kind))
+        if (!lowered && platform_on(options_, v.platform)) lowered = v.rule(*this, n);
+      if (!lowered) rules().find(kind)(*this, n);
     } catch (const Unsupported& u) {
       record(std::string(n->kind().toQualString()) + " (" + u.what + ")");
       for (const Value* v : n->outputs()) poisoned.insert(v);
@@ -174,7 +180,13 @@ Emission Emitter::run() {
 }  // namespace
 
 Emission emit_stablehlo(const torch::jit::Graph& graph, const EmitOptions& options, const std::vector<Alias>& aliases) {
-  return Emitter(graph, options, aliases).run();
+  // The passes rewrite a copy, made only when one applies (the caller's graph may still run on
+  // TorchScript).
+  if (!has_threshold_after_tiled_pool(graph)) return Emitter(graph, options, aliases).run();
+  // Graph::copy only reads the graph; libtorch does not mark it const.
+  const std::shared_ptr<torch::jit::Graph> rewritten = const_cast<torch::jit::Graph&>(graph).copy();
+  move_thresholds_before_tiled_pools(*rewritten);
+  return Emitter(*rewritten, options, aliases).run();
 }
 
 std::vector<size_t> inputs_updated_in_place(const torch::jit::Graph& graph) {

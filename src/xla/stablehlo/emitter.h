@@ -72,6 +72,10 @@ struct EmitOptions {
   // (xla/host_kernels.h) through stablehlo.custom_call instead of being stablehlo.convolution
   // ops. Only for a plugin that has those kernels registered (the CPU plugin).
   bool host_convolutions = false;
+  // The plugin is XLA:CPU: its platform rules replace the generic lowering where they apply (a
+  // convolution of one input feature as a sum of shifted windows, a float32 max pool as one
+  // reduce_window over packed value-index keys), forms XLA:CPU runs faster.
+  bool xla_cpu = false;
 };
 
 // REQUIRES: `graph` is typed as above. Throws std::invalid_argument naming the value for a

@@ -3,6 +3,8 @@
 
 #include "xla/stablehlo/lowering.h"
 
+#include <fulgur/xla/ops.h>
+
 #include <torch/csrc/jit/ir/constants.h>
 
 #include <algorithm>
@@ -94,40 +96,83 @@ bool LoweringContext::used(const Value* v) const {
   });
 }
 
-void RuleTable::add(const std::string& kind, Rule rule) {
-  if (!rules_.emplace(kind, rule).second) throw std::logic_error("two lowering rules for " + kind);
+void RuleTable::add(const std::string& kind, Rule rule, const std::string& test) {
+  if (test.empty()) throw std::logic_error("the lowering rule of " + kind + " names no per-op test");
+  if (!rules_.emplace(kind, RuleRow{kind, rule, family_, test}).second)
+    throw std::logic_error("two lowering rules for " + kind);
 }
 
 Rule RuleTable::find(const std::string& kind) const {
   const auto it = rules_.find(kind);
-  return it == rules_.end() ? nullptr : it->second;
+  return it == rules_.end() ? nullptr : it->second.rule;
 }
 
 std::vector<std::string> RuleTable::kinds() const {
   std::vector<std::string> out;
-  for (const auto& [kind, rule] : rules_) out.push_back(kind);
+  for (const auto& [kind, row] : rules_) out.push_back(kind);
   std::sort(out.begin(), out.end());
   return out;
 }
 
+std::vector<RuleRow> RuleTable::rows() const {
+  std::vector<RuleRow> out;
+  for (const auto& [kind, row] : rules_) out.push_back(row);
+  std::sort(out.begin(), out.end(), [](const RuleRow& a, const RuleRow& b) { return a.kind < b.kind; });
+  return out;
+}
+
+bool platform_on(const EmitOptions& options, Platform platform) {
+  switch (platform) {
+    case Platform::host_kernels: return options.host_convolutions;
+    case Platform::xla_cpu: return options.xla_cpu;
+  }
+  return false;
+}
+
+void RuleTable::add_platform(const std::string& kind, Platform platform, PlatformRule rule) {
+  if (!rules_.count(kind)) throw std::logic_error("a platform rule for " + kind + ", which has no generic rule");
+  platform_rules_[kind].push_back({platform, rule});
+}
+
+const std::vector<PlatformVariant>& RuleTable::platform_rules(const std::string& kind) const {
+  static const std::vector<PlatformVariant> none;
+  const auto it = platform_rules_.find(kind);
+  return it == platform_rules_.end() ? none : it->second;
+}
+
 const RuleTable& rules() {
   static const RuleTable table = [] {
+    const std::pair<const char*, void (*)(RuleTable&)> families[] = {
+        {"elementwise", add_elementwise_rules}, {"linalg", add_linalg_rules},
+        {"reduce", add_reduce_rules},           {"shape", add_shape_rules},
+        {"index", add_index_rules},             {"loss", add_loss_rules},
+        {"conv", add_conv_rules},               {"norm", add_norm_rules},
+        {"softmax_loss", add_softmax_loss_rules}, {"pool", add_pool_rules},
+        {"upsample", add_upsample_rules},       {"random", add_random_rules},
+    };
     RuleTable t;
-    add_elementwise_rules(t);
-    add_linalg_rules(t);
-    add_reduce_rules(t);
-    add_shape_rules(t);
-    add_index_rules(t);
-    add_loss_rules(t);
-    add_conv_rules(t);
-    add_norm_rules(t);
-    add_softmax_loss_rules(t);
-    add_pool_rules(t);
-    add_upsample_rules(t);
-    add_random_rules(t);
+    for (const auto& [family, add] : families) {
+      t.begin_family(family);
+      add(t);
+    }
     return t;
   }();
   return table;
 }
 
 }  // namespace fulgur::xla::stablehlo
+
+namespace fulgur::xla {
+
+std::vector<LoweredOp> lowered_ops() {
+  std::vector<LoweredOp> out;
+  for (const stablehlo::RuleRow& row : stablehlo::rules().rows()) {
+    LoweredOp op{row.kind, row.family, row.test, {}};
+    for (const stablehlo::PlatformVariant& v : stablehlo::rules().platform_rules(row.kind))
+      op.platforms.push_back(v.platform == stablehlo::Platform::host_kernels ? "host_kernels" : "xla_cpu");
+    out.push_back(std::move(op));
+  }
+  return out;
+}
+
+}  // namespace fulgur::xla

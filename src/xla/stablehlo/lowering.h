@@ -6,14 +6,21 @@
 // output its value with cx.set(n, i, value) (checked against the type the graph declares). It
 // throws Unsupported for an argument it does not handle (the graph then falls back, the reason
 // recorded). Each op family registers its rules in its own file, src/xla/stablehlo/rules/
-// <family>.cpp, with add_<family>_rules(table); rules() holds every family's. The emitter's driver
-// (emitter.cpp) walks the graph and calls the rule of each live node. Private to the emitter.
+// <family>.cpp, with add_<family>_rules(table); rules() holds every family's. A kind may also
+// have platform rules (add_platform): variants for one plugin, chosen by EmitOptions, tried
+// before the generic rule, instead of ifs inside it. The emitter's driver (emitter.cpp) walks the
+// graph and calls the rules of each live node. Private to the emitter.
 //
 // Example (a rule and its row, as rules/elementwise.cpp writes neg):
 //   void neg(LoweringContext& cx, const Node* n) {
 //     cx.set(n, 0, cx.unary("stablehlo.negate", cx.as(cx.in(n, 0), cx.out_dtype(n))));
 //   }
-//   void add_elementwise_rules(RuleTable& table) { table.add("aten::neg", neg); }
+//   void add_elementwise_rules(RuleTable& table) {
+//     table.add("aten::neg", neg, "XlaOps.UnaryMathAndItsBackwards");
+//   }
+// The third column names the per-op test against eager (tests/xla_rules/test_<family>.cpp) that
+// covers the kind: the rule-table test fails for a row whose test does not exist, and
+// fulgur-xla-ops lists the rows (fulgur::xla::lowered_ops()).
 
 #include "xla/stablehlo/builder.h"
 #include "xla/stablehlo/emitter.h"
@@ -63,13 +70,6 @@ class LoweringContext : public Builder {
   // rule made from one (aten::IntImplicit of a constant tensor). Unsupported otherwise.
   c10::Scalar known_number(const Node* n, size_t i, const char* what) const;
 
-  // The value a rule gave `v` so far, or nullptr (a rule reading what another op made, such as
-  // the pooled maxima of the threshold-before-pool rewrite, rules/pool.cpp).
-  const Operand* value(const Value* v) const {
-    const auto it = values_.find(v);
-    return it == values_.end() ? nullptr : &it->second;
-  }
-
   // `v` is `updated` for the rest of the graph: an op wrote it in place (the TorchScript graph
   // writes into the tensor). A graph input so updated becomes an extra result of @main
   // (Emission::updated_inputs).
@@ -98,17 +98,59 @@ class LoweringContext : public Builder {
 
 using Rule = void (*)(LoweringContext& cx, const Node* n);
 
+// One row of the table: an op kind, its rule, the family that registered it ("elementwise") and
+// its per-op test ("XlaOps.UnaryMathAndItsBackwards").
+struct RuleRow {
+  std::string kind;
+  Rule rule;
+  std::string family;
+  std::string test;
+};
+
+// The plugins with variants of some rules (JAX's lowerings registered for one platform), each
+// on when the EmitOptions flag beside it is.
+enum class Platform {
+  host_kernels,  // EmitOptions::host_convolutions: libtorch's kernels as custom calls
+  xla_cpu,       // EmitOptions::xla_cpu: forms XLA:CPU runs faster than the generic ones
+};
+
+// Whether `options` turn on the rules of `platform`.
+bool platform_on(const EmitOptions& options, Platform platform);
+
+// A platform rule: lowers `n` as a rule does and returns true, or returns false, having written
+// nothing, for a node it does not take (the kind's generic rule then lowers it).
+using PlatformRule = bool (*)(LoweringContext& cx, const Node* n);
+
+struct PlatformVariant {
+  Platform platform;
+  PlatformRule rule;
+};
+
 class RuleTable {
  public:
-  // Registers `rule` for `kind` ("aten::tanh"). Throws std::logic_error if `kind` has one.
-  void add(const std::string& kind, Rule rule);
+  // The family that the rows added from now on belong to (rules() sets it before each
+  // add_<family>_rules).
+  void begin_family(const std::string& family) { family_ = family; }
+  // Registers `rule` for `kind` ("aten::tanh"), covered by per-op test `test` ("Suite.Name").
+  // Throws std::logic_error if `kind` has one, or for an empty test name.
+  void add(const std::string& kind, Rule rule, const std::string& test);
   // The rule of `kind`, or nullptr.
   Rule find(const std::string& kind) const;
   // Every kind with a rule, sorted.
   std::vector<std::string> kinds() const;
+  // Every row, sorted by kind.
+  std::vector<RuleRow> rows() const;
+  // Registers a platform variant of `kind`'s rule, tried (in the order added) before the
+  // generic rule when `platform` is on. Throws std::logic_error if `kind` has no generic rule
+  // yet (every kind lowers on every platform).
+  void add_platform(const std::string& kind, Platform platform, PlatformRule rule);
+  // The platform variants of `kind`, in the order added (empty for most kinds).
+  const std::vector<PlatformVariant>& platform_rules(const std::string& kind) const;
 
  private:
-  std::unordered_map<std::string, Rule> rules_;
+  std::unordered_map<std::string, RuleRow> rules_;
+  std::unordered_map<std::string, std::vector<PlatformVariant>> platform_rules_;
+  std::string family_;
 };
 
 // The families' registrations, one file each under rules/.

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Index rules: embedding and its backward (gather, scatter-add), index_select, and triu/tril (a
-// mask of the last two dims' indices).
+// Index rules: embedding and its backward (gather, scatter-add), index_select, gather, scatter
+// and scatter_add, and triu/tril (a mask of the last two dims' indices).
 
 #include "xla/stablehlo/lowering.h"
 
@@ -85,14 +85,103 @@ void triangle(LoweringContext& cx, const Node* n, const char* direction) {
 void triu(LoweringContext& cx, const Node* n) { triangle(cx, n, "GE"); }
 void tril(LoweringContext& cx, const Node* n) { triangle(cx, n, "LE"); }
 
+// The [count, rank] coordinates of the positions p of `index` (count of them, row-major) with
+// their `dim` coordinate replaced by index[p]: iotas, and index for dim.
+Operand index_coordinates(LoweringContext& cx, const Operand& index, int64_t dim, int64_t count) {
+  const int64_t rank = static_cast<int64_t>(index.dims.size());
+  std::vector<Operand> coordinates;
+  for (int64_t a = 0; a < rank; ++a) {
+    const Operand c = a == dim ? cx.as(index, c10::kLong)
+                               : cx.op("stablehlo.iota", {}, index.dims, c10::kLong,
+                                       "iota_dimension = " + std::to_string(a) + " : i64");
+    coordinates.push_back(cx.reshape(c, {count, 1}));
+  }
+  return cx.op("stablehlo.concatenate", coordinates, {count, rank}, c10::kLong, "dimension = 1 : i64");
+}
+
+// "0, 1, ..., rank - 1".
+std::string every_dim(int64_t rank) {
+  Dims all;
+  for (int64_t a = 0; a < rank; ++a) all.push_back(a);
+  return ints(all);
+}
+
+// (self, dim, index, sparse_grad) of one rank -> out[p] = self[p with its dim coordinate
+// replaced by index[p]], for every position p of index: one stablehlo.gather of single elements
+// at index_coordinates().
+void gather(LoweringContext& cx, const Node* n) {
+  const Operand x = cx.materialized(cx.in(n, 0));
+  const int64_t rank = static_cast<int64_t>(x.dims.size());
+  if (rank == 0) throw Unsupported{"a 0-d self"};
+  const int64_t dim = wrap_dim(cx.int_arg(n, 1, "dim"), x.dims.size());
+  const Operand index = cx.materialized(cx.in(n, 2));
+  if (static_cast<int64_t>(index.dims.size()) != rank) throw Unsupported{"an index of another rank than self"};
+  int64_t count = 1;
+  for (int64_t d : index.dims) count *= d;
+  if (count == 0) {
+    cx.set(n, 0, cx.splat(0, index.dims, x.dtype));
+    return;
+  }
+  const std::string numbers = "dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [" + every_dim(rank) +
+                              "], start_index_map = [" + every_dim(rank) + "], index_vector_dim = 1>, slice_sizes = " +
+                              i64_array(Dims(rank, 1)) + ", indices_are_sorted = false";
+  const Operand picked =
+      cx.op("stablehlo.gather", {x, index_coordinates(cx, index, dim, count)}, {count}, x.dtype, numbers);
+  cx.set(n, 0, cx.reshape(picked, index.dims));
+}
+
+// (self, dim, index, src) of one rank -> self with src[p] written (or, for scatter_add, added) at
+// the position p with its `dim` coordinate replaced by index[p], for every position p of index:
+// one stablehlo.scatter of single elements at index_coordinates(). Where index repeats a
+// position, scatter keeps one of the values (which is unspecified, as in libtorch) and
+// scatter_add adds them all.
+void scatter_values(LoweringContext& cx, const Node* n, bool add) {
+  const c10::ScalarType t = cx.out_dtype(n);
+  const Operand x = cx.as(cx.materialized(cx.in(n, 0)), t);
+  const int64_t rank = static_cast<int64_t>(x.dims.size());
+  if (rank == 0) throw Unsupported{"a 0-d self"};
+  const int64_t dim = wrap_dim(cx.int_arg(n, 1, "dim"), x.dims.size());
+  const Operand index = cx.materialized(cx.in(n, 2));
+  const Operand src = cx.as(cx.materialized(cx.in(n, 3)), t);
+  if (static_cast<int64_t>(index.dims.size()) != rank || static_cast<int64_t>(src.dims.size()) != rank)
+    throw Unsupported{"index or src of another rank than self"};
+  int64_t count = 1;
+  for (int64_t d : index.dims) count *= d;
+  if (count == 0) {
+    cx.set(n, 0, x);
+    return;
+  }
+  const Operand updates = cx.reshape(cx.slice(src, Dims(rank, 0), index.dims, Dims(rank, 1)), {count});
+  const std::string numbers = "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [" +
+                              every_dim(rank) + "], scatter_dims_to_operand_dims = [" + every_dim(rank) +
+                              "], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false";
+  std::string region;
+  if (add) {
+    region = cx.combiner("stablehlo.add", t);
+  } else {
+    const std::string s = mlir_type({}, t), old_value = cx.fresh(), update = cx.fresh();
+    region = "{\n    ^bb0(" + old_value + ": " + s + ", " + update + ": " + s + "):\n      \"stablehlo.return\"(" +
+             update + ") : (" + s + ") -> ()\n    }";
+  }
+  cx.set(n, 0, cx.op("stablehlo.scatter", {x, index_coordinates(cx, index, dim, count), updates}, x.dims, t, numbers,
+                     region));
+}
+
+void scatter(LoweringContext& cx, const Node* n) { scatter_values(cx, n, false); }
+void scatter_add(LoweringContext& cx, const Node* n) { scatter_values(cx, n, true); }
+
 }  // namespace
 
 void add_index_rules(RuleTable& table) {
-  table.add("aten::embedding", embedding);
-  table.add("aten::embedding_dense_backward", embedding_dense_backward);
-  table.add("aten::index_select", index_select);
-  table.add("aten::triu", triu);
-  table.add("aten::tril", tril);
+  table.add("aten::embedding", embedding, "StableHlo.EmbeddingGathersRows");
+  table.add("aten::embedding_dense_backward", embedding_dense_backward,
+            "StableHlo.EmbeddingDenseBackwardAddsRepeatedIndicesAndSkipsPadding");
+  table.add("aten::index_select", index_select, "XlaOps.IndexSelect");
+  table.add("aten::triu", triu, "XlaOps.TriuTrilAndTheirBackwards");
+  table.add("aten::tril", tril, "XlaOps.TriuTrilAndTheirBackwards");
+  table.add("aten::gather", gather, "XlaOps.ScatterScatterAddAndTheBackwardsOfTopkAndMax");
+  table.add("aten::scatter", scatter, "XlaOps.ScatterScatterAddAndTheBackwardsOfTopkAndMax");
+  table.add("aten::scatter_add", scatter_add, "XlaOps.ScatterScatterAddAndTheBackwardsOfTopkAndMax");
 }
 
 }  // namespace fulgur::xla::stablehlo

@@ -36,9 +36,9 @@ void addmm(LoweringContext& cx, const Node* n) {
 }  // namespace
 
 void add_linalg_rules(RuleTable& table) {
-  table.add("aten::mm", mm);
-  table.add("aten::bmm", bmm);
-  table.add("aten::addmm", addmm);
+  table.add("aten::mm", mm, "StableHlo.MatmulsWithAlphaAndBeta");
+  table.add("aten::bmm", bmm, "StableHlo.MatmulsWithAlphaAndBeta");
+  table.add("aten::addmm", addmm, "StableHlo.MatmulsWithAlphaAndBeta");
 }
 
 }  // namespace fulgur::xla::stablehlo

@@ -108,10 +108,11 @@ void smooth_l1_loss_backward(LoweringContext& cx, const Node* n) {
 }  // namespace
 
 void add_loss_rules(RuleTable& table) {
-  table.add("aten::binary_cross_entropy", binary_cross_entropy);
-  table.add("aten::binary_cross_entropy_backward", binary_cross_entropy_backward);
-  table.add("aten::smooth_l1_loss", smooth_l1_loss);
-  table.add("aten::smooth_l1_loss_backward", smooth_l1_loss_backward);
+  table.add("aten::binary_cross_entropy", binary_cross_entropy, "XlaOps.BinaryCrossEntropyAndItsBackward");
+  table.add("aten::binary_cross_entropy_backward", binary_cross_entropy_backward,
+            "XlaOps.BinaryCrossEntropyAndItsBackward");
+  table.add("aten::smooth_l1_loss", smooth_l1_loss, "XlaOps.SmoothL1LossAndItsBackward");
+  table.add("aten::smooth_l1_loss_backward", smooth_l1_loss_backward, "XlaOps.SmoothL1LossAndItsBackward");
 }
 
 }  // namespace fulgur::xla::stablehlo

@@ -214,10 +214,12 @@ void native_batch_norm_backward(LoweringContext& cx, const Node* n) {
 }  // namespace
 
 void add_norm_rules(RuleTable& table) {
-  table.add("aten::native_layer_norm", native_layer_norm);
-  table.add("aten::native_layer_norm_backward", native_layer_norm_backward);
-  table.add("aten::native_batch_norm", native_batch_norm);
-  table.add("aten::native_batch_norm_backward", native_batch_norm_backward);
+  table.add("aten::native_layer_norm", native_layer_norm, "StableHlo.NativeLayerNormWithAndWithoutAffine");
+  table.add("aten::native_layer_norm_backward", native_layer_norm_backward, "StableHlo.NativeLayerNormBackward");
+  table.add("aten::native_batch_norm", native_batch_norm,
+            "StableHlo.BatchNormTrainsEvaluatesAndUpdatesItsRunningStatistics");
+  table.add("aten::native_batch_norm_backward", native_batch_norm_backward,
+            "StableHlo.BatchNormTrainsEvaluatesAndUpdatesItsRunningStatistics");
 }
 
 }  // namespace fulgur::xla::stablehlo

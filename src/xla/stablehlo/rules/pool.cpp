@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Pooling rules over the last two dims of a [N, C, H, W] or [C, H, W] input: max_pool2d with
-// indices and its backward, with the threshold-before-pool rewrite of threshold_backward (ReLU's
-// backward), and avg_pool2d and _adaptive_avg_pool2d with their backwards (sums in float32 for
-// 16-bit floats, each result rounded once). Upsampling is in upsample.cpp.
+// indices (generic, and the packed float32 form of platform xla_cpu) and its backward,
+// threshold_backward (ReLU's backward), and avg_pool2d and _adaptive_avg_pool2d with their
+// backwards (sums in float32 for 16-bit floats, each result rounded once). Upsampling is in
+// upsample.cpp.
 
 #include "xla/stablehlo/lowering.h"
 
@@ -25,19 +26,15 @@ Operand plane_index(LoweringContext& cx, const Dims& dims) {
   return cx.add(cx.mul(rows, number(dims[rank - 1])), cols);
 }
 
-// (self [N, C, H, W] or [C, H, W], kernel_size, stride, padding, dilation, ceil_mode) ->
-// (output, indices): each window's maximum and the flat index (h * W + w) of its first maximum,
-// as libtorch's CPU kernel. Float32: a reduce_window over value and index packed into an int64
-// (below). Other types: a variadic reduce_window over the values and their indices. A tie
-// goes to the smaller index, which is the first in the window; the initial index is the largest
-// int64, so a window of -inf alone names its first element, as libtorch does. A NaN wins over
-// any number and the last of several NaNs is the index, as libtorch's `val > max || isnan(val)`.
-// (A variadic reduce over the window dims of a tiled plane was tried for 2x2 pools: XLA:CPU runs
-// a reduce fusion on one thread, so the CNN step got slower.)
-void max_pool2d_with_indices(LoweringContext& cx, const Node* n) {
-  const c10::ScalarType t = cx.out_dtype(n, 0);
-  const Operand x = cx.as(cx.in(n, 0), t);
-  const size_t rank = x.dims.size();
+// The reduce_window attributes of a max_pool2d_with_indices node (padding, window_dimensions,
+// window_strides over all dims) and its output's dims.
+struct MaxPoolWindow {
+  std::string attrs;
+  Dims dims;
+};
+
+MaxPoolWindow max_pool_window(const LoweringContext& cx, const Node* n) {
+  const size_t rank = cx.in(n, 0).dims.size();
   if (rank != 3 && rank != 4) throw Unsupported{"input of " + std::to_string(rank) + " dimensions"};
   const Dims kernel = cx.spatial_arg(n, 1, "kernel_size", 2, {});
   const Dims stride = cx.spatial_arg(n, 2, "stride", 2, kernel), padding = cx.spatial_arg(n, 3, "padding", 2, {0}),
@@ -55,44 +52,65 @@ void max_pool2d_with_indices(LoweringContext& cx, const Node* n) {
     pad += (i ? ", [" : "[") + std::to_string(p) + ", " + std::to_string(p) + "]";
   }
   pad += "]> : tensor<" + std::to_string(rank) + "x2xi64>";
-  const Dims dims = cx.out_dims(n, 0);
-  const std::string window_attrs =
-      "padding = " + pad + ", window_dimensions = " + i64_array(window) + ", window_strides = " + i64_array(strides);
-  if (t == c10::kFloat) {
-    // Each value and its plane index packed into one int64 whose order is the window's choice:
-    // the float's bits made an order-preserving int32 (negative values' low 31 bits flipped) in
-    // the high half, 0xFFFFFFFF - index in the low half, so that a tie goes to the smaller index.
-    // One reduce_window (max) of one result picks both; XLA:CPU splits it over its threads,
-    // where the variadic one below runs on one (a tuple-shaped op gets no partitions): the MNIST
-    // CNN's step 0.86x (bench/history/libtorch-1.13.md). libtorch takes a NaN over any number and
-    // the last of several NaNs (`val > max || isnan(val)`): every NaN becomes one positive NaN,
-    // above +inf, and carries its index itself in the low half, so that the larger one wins.
-    const int64_t low_bits = 0xFFFFFFFF, nan_bits = 0x7FC00000;
-    // The order-preserving map of int32 float bits (held in int64), its own inverse.
-    auto flip_negative = [&](const Operand& bits) {
-      return cx.select(cx.compare("LT", bits, number(0), c10::kLong),
-                       cx.binary("stablehlo.xor", bits, number(0x7FFFFFFF), c10::kLong), bits);
-    };
-    const Operand zero = cx.splat(0, x.dims, t);
-    const Operand is_nan = cx.compare("NE", x, x, t);
-    const Operand unsigned_zero = cx.select(cx.compare("EQ", x, zero, t), zero, x);  // -0.0 ties +0.0, as in libtorch
-    const Operand bits = cx.op("stablehlo.bitcast_convert", {unsigned_zero}, x.dims, c10::kInt);
-    const Operand key =
-        cx.select(is_nan, cx.splat(nan_bits, x.dims, c10::kLong), flip_negative(cx.as(bits, c10::kLong)));
-    const Operand index = plane_index(cx, x.dims);
-    const Operand low_half =
-        cx.select(is_nan, index, cx.binary("stablehlo.subtract", number(low_bits), index, c10::kLong));
-    const Operand packed = cx.add(cx.binary("stablehlo.shift_left", key, number(32), c10::kLong), low_half);
-    const Operand lowest = cx.splat(std::numeric_limits<int64_t>::min(), {}, c10::kLong);
-    const Operand best = cx.op("stablehlo.reduce_window", {packed, lowest}, dims, c10::kLong, window_attrs,
-                               cx.combiner("stablehlo.maximum", c10::kLong));
-    const Operand best_key = cx.binary("stablehlo.shift_right_arithmetic", best, number(32), c10::kLong);
-    const Operand low = cx.binary("stablehlo.and", best, number(low_bits), c10::kLong);
-    cx.set(n, 0, cx.op("stablehlo.bitcast_convert", {cx.as(flip_negative(best_key), c10::kInt)}, dims, t));
-    cx.set(n, 1, cx.select(cx.compare("EQ", best_key, number(nan_bits), c10::kLong), low,
-                           cx.binary("stablehlo.subtract", number(low_bits), low, c10::kLong)));
-    return;
-  }
+  return {"padding = " + pad + ", window_dimensions = " + i64_array(window) + ", window_strides = " + i64_array(strides),
+          cx.out_dims(n, 0)};
+}
+
+// Platform xla_cpu: a float32 max_pool2d_with_indices as one reduce_window over each value and
+// its plane index packed into an int64.
+bool packed_max_pool(LoweringContext& cx, const Node* n) {
+  const c10::ScalarType t = cx.out_dtype(n, 0);
+  if (t != c10::kFloat) return false;
+  const MaxPoolWindow pool = max_pool_window(cx, n);
+  const Dims& dims = pool.dims;
+  const Operand x = cx.as(cx.in(n, 0), t);
+  // Each value and its plane index packed into one int64 whose order is the window's choice:
+  // the float's bits made an order-preserving int32 (negative values' low 31 bits flipped) in
+  // the high half, 0xFFFFFFFF - index in the low half, so that a tie goes to the smaller index.
+  // One reduce_window (max) of one result picks both; XLA:CPU splits it over its threads, where
+  // the generic rule's variadic one runs on one (a tuple-shaped op gets no partitions): the
+  // MNIST CNN's step 0.86x (bench/history/libtorch-1.13.md). libtorch takes a NaN over any number and
+  // the last of several NaNs (`val > max || isnan(val)`): every NaN becomes one positive NaN,
+  // above +inf, and carries its index itself in the low half, so that the larger one wins.
+  const int64_t low_bits = 0xFFFFFFFF, nan_bits = 0x7FC00000;
+  // The order-preserving map of int32 float bits (held in int64), its own inverse.
+  auto flip_negative = [&](const Operand& bits) {
+    return cx.select(cx.compare("LT", bits, number(0), c10::kLong),
+                     cx.binary("stablehlo.xor", bits, number(0x7FFFFFFF), c10::kLong), bits);
+  };
+  const Operand zero = cx.splat(0, x.dims, t);
+  const Operand is_nan = cx.compare("NE", x, x, t);
+  const Operand unsigned_zero = cx.select(cx.compare("EQ", x, zero, t), zero, x);  // -0.0 ties +0.0, as in libtorch
+  const Operand bits = cx.op("stablehlo.bitcast_convert", {unsigned_zero}, x.dims, c10::kInt);
+  const Operand key =
+      cx.select(is_nan, cx.splat(nan_bits, x.dims, c10::kLong), flip_negative(cx.as(bits, c10::kLong)));
+  const Operand index = plane_index(cx, x.dims);
+  const Operand low_half =
+      cx.select(is_nan, index, cx.binary("stablehlo.subtract", number(low_bits), index, c10::kLong));
+  const Operand packed = cx.add(cx.binary("stablehlo.shift_left", key, number(32), c10::kLong), low_half);
+  const Operand lowest = cx.splat(std::numeric_limits<int64_t>::min(), {}, c10::kLong);
+  const Operand best = cx.op("stablehlo.reduce_window", {packed, lowest}, dims, c10::kLong, pool.attrs,
+                             cx.combiner("stablehlo.maximum", c10::kLong));
+  const Operand best_key = cx.binary("stablehlo.shift_right_arithmetic", best, number(32), c10::kLong);
+  const Operand low = cx.binary("stablehlo.and", best, number(low_bits), c10::kLong);
+  cx.set(n, 0, cx.op("stablehlo.bitcast_convert", {cx.as(flip_negative(best_key), c10::kInt)}, dims, t));
+  cx.set(n, 1, cx.select(cx.compare("EQ", best_key, number(nan_bits), c10::kLong), low,
+                         cx.binary("stablehlo.subtract", number(low_bits), low, c10::kLong)));
+  return true;
+}
+
+// (self [N, C, H, W] or [C, H, W], kernel_size, stride, padding, dilation, ceil_mode) ->
+// (output, indices): each window's maximum and the flat index (h * W + w) of its first maximum,
+// as libtorch's CPU kernel: a variadic reduce_window over the values and their indices. A tie
+// goes to the smaller index, which is the first in the window; the initial index is the largest
+// int64, so a window of -inf alone names its first element, as libtorch does. A NaN wins over
+// any number and the last of several NaNs is the index, as libtorch's `val > max || isnan(val)`.
+// (A variadic reduce over the window dims of a tiled plane was tried for 2x2 pools: XLA:CPU runs
+// a reduce fusion on one thread, so the CNN step got slower.)
+void max_pool2d_with_indices(LoweringContext& cx, const Node* n) {
+  const c10::ScalarType t = cx.out_dtype(n, 0);
+  const MaxPoolWindow pool = max_pool_window(cx, n);
+  const Operand x = cx.as(cx.in(n, 0), t);
   // (a, ai) or (b, bi): a NaN over a number, of two NaNs the larger index (libtorch's last), of
   // two numbers the larger, of equal ones the smaller index.
   const std::string v = mlir_type({}, t), l = mlir_type({}, c10::kLong);
@@ -124,7 +142,7 @@ void max_pool2d_with_indices(LoweringContext& cx, const Node* n) {
       cx.op_n("stablehlo.reduce_window",
            {x, plane_index(cx, x.dims), cx.splat(-std::numeric_limits<double>::infinity(), {}, t),
             cx.splat(std::numeric_limits<int64_t>::max(), {}, c10::kLong)},
-           {{dims, t}, {dims, c10::kLong}}, window_attrs, region);
+           {{pool.dims, t}, {pool.dims, c10::kLong}}, pool.attrs, region);
   cx.set(n, 0, outs[0]);
   cx.set(n, 1, outs[1]);
 }
@@ -209,39 +227,10 @@ void max_pool2d_with_indices_backward(LoweringContext& cx, const Node* n) {
   cx.set(n, 0, cx.reshape(flat, dims));
 }
 
-// A ReLU before a max pool (the MNIST CNN's conv -> relu -> pool) has the backward
-// threshold_backward(max_pool2d_with_indices_backward(g, x, ...), x, threshold): the pool's
-// backward puts each g at its window's maximum, then the threshold zeroes the elements of x at or
-// below it. When the windows do not overlap each element of x gets at most one g, from the window
-// whose maximum it is, and there x equals that window's pooled value (the pool's output 0). So the
-// threshold can be applied to g against the pooled values first, at a quarter of the size, and
-// the result is the same element for element. What it saves: the unfused form reads x again, and
-// XLA recomputes x there when x is its own elementwise work (the CNN's conv1 on XLA's own
-// convolutions, a sum of 25 shifted windows, once more per step; bench/history/libtorch-1.13.md).
-std::optional<Operand> threshold_before_pool_backward(LoweringContext& cx, const Node* n) {
-  static const c10::Symbol kPool = c10::Symbol::fromQualString("aten::max_pool2d_with_indices");
-  static const c10::Symbol kPoolBackward = c10::Symbol::fromQualString("aten::max_pool2d_with_indices_backward");
-  const Node* backward = n->input(0)->node();
-  if (backward->kind() != kPoolBackward || backward->input(1) != n->input(1) || !windows_tile(cx, backward))
-    return std::nullopt;
-  const Value* indices = backward->input(7);
-  const Node* pool = indices->node();
-  if (pool->kind() != kPool || pool->output(1) != indices || pool->input(0) != n->input(1)) return std::nullopt;
-  const Operand* pooled = cx.value(pool->output(0));
-  if (!pooled) return std::nullopt;
-  const c10::ScalarType t = cx.out_dtype(n);
-  const Operand below = cx.compare("LE", (*pooled), cx.in(n, 2), (*pooled).dtype);
-  const Operand g = cx.select(below, cx.splat(0, {}, t), cx.as(cx.in(backward, 0), t));
-  return tiled_pool_backward(cx, backward, g);
-}
-
-// (grad, self, threshold) -> self <= threshold ? 0 : grad (ReLU's backward), or the
-// threshold-before-pool rewrite above when grad is a tiled max pool's backward of self.
+// (grad, self, threshold) -> self <= threshold ? 0 : grad (ReLU's backward). Before a tiled max
+// pool's backward, the graph pass move_thresholds_before_tiled_pools (passes.h) has made it a
+// threshold of grad against the pooled maxima, at the pool's output size.
 void threshold_backward(LoweringContext& cx, const Node* n) {
-  if (std::optional<Operand> r = threshold_before_pool_backward(cx, n)) {
-    cx.set(n, 0, std::move(*r));
-    return;
-  }
   const c10::ScalarType t = cx.out_dtype(n);
   const Operand& self = cx.in(n, 1);
   const Operand below = cx.compare("LE", self, cx.in(n, 2), self.dtype);
@@ -427,13 +416,17 @@ void adaptive_avg_pool2d_backward(LoweringContext& cx, const Node* n) {
 }  // namespace
 
 void add_pool_rules(RuleTable& table) {
-  table.add("aten::max_pool2d_with_indices", max_pool2d_with_indices);
-  table.add("aten::max_pool2d_with_indices_backward", max_pool2d_with_indices_backward);
-  table.add("aten::threshold_backward", threshold_backward);
-  table.add("aten::avg_pool2d", avg_pool2d);
-  table.add("aten::avg_pool2d_backward", avg_pool2d_backward);
-  table.add("aten::_adaptive_avg_pool2d", adaptive_avg_pool2d);
-  table.add("aten::_adaptive_avg_pool2d_backward", adaptive_avg_pool2d_backward);
+  table.add("aten::max_pool2d_with_indices", max_pool2d_with_indices, "StableHlo.MaxPoolWithIndicesAndItsBackward");
+  table.add_platform("aten::max_pool2d_with_indices", Platform::xla_cpu, packed_max_pool);
+  table.add("aten::max_pool2d_with_indices_backward", max_pool2d_with_indices_backward,
+            "StableHlo.MaxPoolWithIndicesAndItsBackward");
+  table.add("aten::threshold_backward", threshold_backward,
+            "StableHlo.AThresholdBeforeATiledMaxPoolIsAppliedAtThePoolsSize");
+  table.add("aten::avg_pool2d", avg_pool2d, "XlaOps.AveragePoolsAndTheirBackwards");
+  table.add("aten::avg_pool2d_backward", avg_pool2d_backward, "XlaOps.AveragePoolsAndTheirBackwards");
+  table.add("aten::_adaptive_avg_pool2d", adaptive_avg_pool2d, "XlaOps.AveragePoolsAndTheirBackwards");
+  table.add("aten::_adaptive_avg_pool2d_backward", adaptive_avg_pool2d_backward,
+            "XlaOps.AveragePoolsAndTheirBackwards");
 }
 
 }  // namespace fulgur::xla::stablehlo

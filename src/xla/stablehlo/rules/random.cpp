@@ -136,9 +136,10 @@ void native_dropout_backward(LoweringContext& cx, const Node* n) {
 }  // namespace
 
 void add_random_rules(RuleTable& table) {
-  table.add("fulgur::rng_uniform", rng_uniform);
-  table.add("fulgur::rng_normal", rng_normal);
-  table.add("aten::native_dropout_backward", native_dropout_backward);
+  table.add("fulgur::rng_uniform", rng_uniform, "XlaOps.DeviceGeneratorDrawsTheHostThreefryBits");
+  table.add("fulgur::rng_normal", rng_normal, "XlaOps.DeviceGeneratorDrawsTheHostThreefryBits");
+  table.add("aten::native_dropout_backward", native_dropout_backward,
+            "XlaOps.DropoutKeepsOneMinusPScalesAndItsBackwardUsesTheSameMask");
 }
 
 }  // namespace fulgur::xla::stablehlo

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Reduction rules: sum and mean, vector norms, max and min (whole, or along a dim with indices),
-// and topk (a sort along a dim).
+// topk (a sort along a dim), and all and any of a whole tensor.
 // 16-bit floats accumulate in float32 and round once, as libtorch's kernels do.
 
 #include "xla/stablehlo/lowering.h"
@@ -105,6 +105,21 @@ std::string arg_region(LoweringContext& cx, c10::ScalarType t, const char* direc
          l + ") -> " + l + "\n      \"stablehlo.return\"(" + rv + ", " + ri + ") : (" + v + ", " + l + ") -> ()\n    }";
 }
 
+// The lowest (`lowest`) or the largest value of integer type `t`: the identity of max (min),
+// written in `t` itself (a narrower type cannot hold int64's).
+c10::Scalar integer_limit(c10::ScalarType t, bool lowest) {
+  switch (t) {
+    case c10::kByte: return lowest ? int64_t{0} : int64_t{std::numeric_limits<uint8_t>::max()};
+    case c10::kChar:
+      return int64_t{lowest ? std::numeric_limits<int8_t>::lowest() : std::numeric_limits<int8_t>::max()};
+    case c10::kShort:
+      return int64_t{lowest ? std::numeric_limits<int16_t>::lowest() : std::numeric_limits<int16_t>::max()};
+    case c10::kInt:
+      return int64_t{lowest ? std::numeric_limits<int32_t>::lowest() : std::numeric_limits<int32_t>::max()};
+    default: return lowest ? std::numeric_limits<int64_t>::lowest() : std::numeric_limits<int64_t>::max();
+  }
+}
+
 // max(self) / min(self): the largest (smallest) element, NaN if any is NaN. max(self, dim,
 // keepdim) / min(...): (values, indices) along dim, the first index of the extreme value
 // (arg_region). `is_max` picks which.
@@ -114,8 +129,7 @@ void extreme(LoweringContext& cx, const Node* n, bool is_max) {
   if (t == c10::kBool) throw Unsupported{"a bool input"};
   const c10::Scalar init = is_floating(t) ? c10::Scalar(is_max ? -std::numeric_limits<double>::infinity()
                                                                 : std::numeric_limits<double>::infinity())
-                                          : c10::Scalar(is_max ? std::numeric_limits<int64_t>::lowest()
-                                                               : std::numeric_limits<int64_t>::max());
+                                          : integer_limit(t, is_max);
   const char* body = is_max ? "stablehlo.maximum" : "stablehlo.minimum";
   Dims all;
   for (size_t d = 0; d < x.dims.size(); ++d) all.push_back(static_cast<int64_t>(d));
@@ -203,15 +217,31 @@ void topk(LoweringContext& cx, const Node* n) {
 }
 void min(LoweringContext& cx, const Node* n) { extreme(cx, n, false); }
 
+// all(self) and any(self): whether every (some) element is nonzero, a 0-d bool (uint8 for a uint8
+// input, as libtorch gives it); true (false) for an empty input.
+void all_or_any(LoweringContext& cx, const Node* n, bool all) {
+  const Operand x = cx.materialized(cx.in(n, 0));
+  const Operand nonzero = cx.compare("NE", x, number(0), x.dtype);
+  Dims dims;
+  for (size_t d = 0; d < x.dims.size(); ++d) dims.push_back(static_cast<int64_t>(d));
+  const Operand r = cx.reduce(nonzero, dims, all ? "stablehlo.and" : "stablehlo.or", all);
+  cx.set(n, 0, cx.as(r, cx.out_dtype(n)));
+}
+
+void all(LoweringContext& cx, const Node* n) { all_or_any(cx, n, true); }
+void any(LoweringContext& cx, const Node* n) { all_or_any(cx, n, false); }
+
 }  // namespace
 
 void add_reduce_rules(RuleTable& table) {
-  table.add("aten::sum", sum);
-  table.add("aten::mean", mean);
-  table.add("aten::norm", norm);
-  table.add("aten::max", max);
-  table.add("aten::min", min);
-  table.add("aten::topk", topk);
+  table.add("aten::sum", sum, "StableHlo.ReductionsComparisonsReluAndThresholdBackward");
+  table.add("aten::mean", mean, "StableHlo.ReductionsComparisonsReluAndThresholdBackward");
+  table.add("aten::norm", norm, "XlaOps.NormOfEveryOrderAndItsBackward");
+  table.add("aten::max", max, "XlaOps.MaxAndMinWithIndicesTiesAndNan");
+  table.add("aten::min", min, "XlaOps.MaxAndMinWithIndicesTiesAndNan");
+  table.add("aten::topk", topk, "XlaOps.TopkLargestAndSmallestAlongEachDim");
+  table.add("aten::all", all, "XlaOps.AllAnyAndEqual");
+  table.add("aten::any", any, "XlaOps.AllAnyAndEqual");
 }
 
 }  // namespace fulgur::xla::stablehlo

@@ -225,25 +225,25 @@ void expand(LoweringContext& cx, const Node* n) {
 }  // namespace
 
 void add_shape_rules(RuleTable& table) {
-  table.add("aten::detach_copy", broadcast);
-  table.add("aten::expand_copy", broadcast);
-  table.add("aten::_to_copy", to_copy);
-  table.add("aten::view_copy", reshaped);
-  table.add("aten::t_copy", t_copy);
-  table.add("aten::transpose_copy", transpose_copy);
-  table.add("prim::ListConstruct", list_construct);
-  table.add("aten::stack", stack);
-  table.add("aten::cat", cat);
-  table.add("aten::select_copy", select_copy);
-  table.add("aten::IntImplicit", int_implicit);
-  table.add("aten::slice_copy", slice_copy);
-  table.add("aten::slice_scatter", slice_scatter);
-  table.add("aten::select_scatter", select_scatter);
-  table.add("aten::permute_copy", permute_copy);
-  table.add("aten::squeeze_copy", reshaped);
-  table.add("aten::unsqueeze_copy", reshaped);
-  table.add("aten::clone", reshaped);
-  table.add("aten::expand", expand);
+  table.add("aten::detach_copy", broadcast, "StableHlo.ZeroCopiesViewsAndTransposes");
+  table.add("aten::expand_copy", broadcast, "StableHlo.ZeroCopiesViewsAndTransposes");
+  table.add("aten::_to_copy", to_copy, "StableHlo.ZeroCopiesViewsAndTransposes");
+  table.add("aten::view_copy", reshaped, "StableHlo.ZeroCopiesViewsAndTransposes");
+  table.add("aten::t_copy", t_copy, "StableHlo.ZeroCopiesViewsAndTransposes");
+  table.add("aten::transpose_copy", transpose_copy, "StableHlo.ZeroCopiesViewsAndTransposes");
+  table.add("prim::ListConstruct", list_construct, "StableHlo.StackCatAndSelectCopy");
+  table.add("aten::stack", stack, "StableHlo.StackCatAndSelectCopy");
+  table.add("aten::cat", cat, "StableHlo.StackCatAndSelectCopy");
+  table.add("aten::select_copy", select_copy, "StableHlo.StackCatAndSelectCopy");
+  table.add("aten::IntImplicit", int_implicit, "XlaOps.SlicingAndItsBackward");
+  table.add("aten::slice_copy", slice_copy, "XlaOps.SlicingAndItsBackward");
+  table.add("aten::slice_scatter", slice_scatter, "XlaOps.SlicingAndItsBackward");
+  table.add("aten::select_scatter", select_scatter, "XlaOps.SlicingAndItsBackward");
+  table.add("aten::permute_copy", permute_copy, "XlaOps.PermuteSqueezeUnsqueezeAndTheirBackwards");
+  table.add("aten::squeeze_copy", reshaped, "XlaOps.PermuteSqueezeUnsqueezeAndTheirBackwards");
+  table.add("aten::unsqueeze_copy", reshaped, "XlaOps.PermuteSqueezeUnsqueezeAndTheirBackwards");
+  table.add("aten::clone", reshaped, "XlaOps.TriuTrilAndTheirBackwards");
+  table.add("aten::expand", expand, "XlaOps.TriuTrilAndTheirBackwards");
 }
 
 }  // namespace fulgur::xla::stablehlo

@@ -156,12 +156,15 @@ void nll_loss_backward(LoweringContext& cx, const Node* n) {
 }  // namespace
 
 void add_softmax_loss_rules(RuleTable& table) {
-  table.add("aten::_log_softmax", log_softmax);
-  table.add("aten::_log_softmax_backward_data", log_softmax_backward);
-  table.add("aten::_softmax", softmax);
-  table.add("aten::_softmax_backward_data", softmax_backward);
-  table.add("aten::nll_loss_forward", nll_loss_forward);
-  table.add("aten::nll_loss_backward", nll_loss_backward);
+  table.add("aten::_log_softmax", log_softmax, "StableHlo.LogSoftmaxNllLossAndTheirBackwardsWithIgnoredTargets");
+  table.add("aten::_log_softmax_backward_data", log_softmax_backward,
+            "StableHlo.LogSoftmaxNllLossAndTheirBackwardsWithIgnoredTargets");
+  table.add("aten::_softmax", softmax, "StableHlo.SoftmaxAndItsBackward");
+  table.add("aten::_softmax_backward_data", softmax_backward, "StableHlo.SoftmaxAndItsBackward");
+  table.add("aten::nll_loss_forward", nll_loss_forward,
+            "StableHlo.LogSoftmaxNllLossAndTheirBackwardsWithIgnoredTargets");
+  table.add("aten::nll_loss_backward", nll_loss_backward,
+            "StableHlo.LogSoftmaxNllLossAndTheirBackwardsWithIgnoredTargets");
 }
 
 }  // namespace fulgur::xla::stablehlo
