@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Reading the Trainer's own entries of a checkpoint (checkpointing.cpp): every value is checked
+// Reading the Trainer's own entries of a checkpoint (connectors/checkpoint_connector.cpp): every value is checked
 // before it is used, and an error names the file (`where`), the dotted key and what was expected.
 
 #include <fulgur/checkpoint.h>

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // One stage's run: launched on every rank by the strategy's launcher, and in
-// each worker the setup before the loops (seeding, the DataModule's loaders,
-// the strategy's setup, the restore, the stop signals), as Lightning's
-// Trainer._run.
+// each worker the setup before the loops, as Lightning's Trainer._run: the
+// guards that undo the run's changes, seeding, the stage's loaders (the data
+// connector), the strategy's setup, the restore, the stop signals, then the
+// stage's loop.
 
 #include <fulgur/data/data_loader.h>
 #include <fulgur/data_module.h>
@@ -14,188 +15,151 @@
 #include "launchers/restarts.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
-#include "runtime/signals.h"
 #include "runtime/threads.h"
+#include "trainer/connectors/signal_connector.h"
 #include "trainer/trainer_impl.h"
 #include "xla/pjrt/compile_cache.h"
 
 #include <torch/torch.h>
 
-#include <chrono>
 #include <exception>
 #include <filesystem>
 #include <stdexcept>
 
 namespace fulgur::detail {
+namespace {
 
-std::string TrainerImpl::resume_after_restart(const std::string& ckpt_path) {
-  // Rank 0 reads the records in node 0's launch folder; every rank restores the same file.
-  const std::string mine = strategy->is_global_zero() ? last_checkpoint_of_this_launch() : "";
-  const std::string found = strategy->broadcast(c10::IValue(mine), 0).toStringRef();
-  const std::string which = "restart " + std::to_string(restart_count()) + " of the launch: ";
-  if (!found.empty()) {
-    runtime::log_rank_zero(runtime::LogLevel::kInfo, which + "resuming from " + found);
-    return found;
+// Compiled XLA programs are kept beside the run's other files, for the workers of the next
+// stages (each compiles the same graphs again otherwise); FULGUR_XLA_CACHE_DIR overrides. A
+// stage run in this process (one device, no launcher) leaves no default behind it, so that
+// later compiles outside a Trainer do not write into this run's folder; declared before the
+// teardown, so that the teardown's graphs (the module moved back) are cached too.
+struct CompileCacheDefault {
+  explicit CompileCacheDefault(const std::string& root) {
+    xla::pjrt::set_default_compile_cache_dir((std::filesystem::path(root) / ".xla_cache").string());
   }
-  runtime::log_rank_zero(runtime::LogLevel::kWarning,
-                         which + "no earlier attempt wrote a last.ckpt; starting " +
-                             (ckpt_path.empty() ? std::string("from scratch") : "from " + ckpt_path) + " again");
-  return ckpt_path;
-}
+  ~CompileCacheDefault() { xla::pjrt::set_default_compile_cache_dir(""); }
+};
+
+// The module's trainer() for the stage; after it, detached, and the fit's loaders dropped.
+struct AttachedModel {
+  TrainerImpl& t;
+  AttachedModel(TrainerImpl& trainer, LightningModule& model) : t(trainer) { TrainerImpl::attach(model, &t.owner); }
+  ~AttachedModel() {
+    TrainerImpl::attach(*t.model, nullptr);
+    t.fit_loop.train_source.reset();
+    t.fit_loop.val_source.reset();
+  }
+};
+
+// A stage that throws still tears down; if that fails too (a module whose values a failed
+// device execution never produced cannot move back), the stage's own error goes on and the
+// teardown's is logged, since a second exception while unwinding would end the process.
+struct Teardown {
+  Strategy* s;
+  int exceptions = std::uncaught_exceptions();
+  ~Teardown() noexcept(false) {
+    if (std::uncaught_exceptions() <= exceptions) {
+      s->teardown();
+      return;
+    }
+    try {
+      s->teardown();
+    } catch (const std::exception& e) {
+      runtime::log(runtime::LogLevel::kWarning,
+                   std::string("the strategy's teardown after the stage's error failed as well: ") + e.what());
+    }
+  }
+};
+
+// A stage that throws: rank 0's logger writes the rows it still holds, as
+// Lightning's finalize("failed"). An error while doing so must not hide the
+// stage's own, which is already on its way.
+struct FinalizeOnFailure {
+  TrainerImpl* self;
+  int exceptions = std::uncaught_exceptions();
+  ~FinalizeOnFailure() {
+    if (std::uncaught_exceptions() <= exceptions || !self->strategy->is_global_zero()) return;
+    for (auto& l : self->loggers) {
+      try {
+        l->finalize("failed");
+      } catch (...) {
+      }
+    }
+  }
+};
+
+}  // namespace
 
 c10::IValue TrainerImpl::run_in_worker(Stage run_stage, LightningModule& m, StageData data, const std::string& ckpt_path) {
   stage = run_stage;
   model = &m;
-  // Compiled XLA programs are kept beside the run's other files, for the workers of the next
-  // stages (each compiles the same graphs again otherwise); FULGUR_XLA_CACHE_DIR overrides. A
-  // stage run in this process (one device, no launcher) leaves no default behind it, so that
-  // later compiles outside a Trainer do not write into this run's folder; declared before the
-  // teardown below, so that the teardown's graphs (the module moved back) are cached too.
-  struct CompileCacheDefault {
-    explicit CompileCacheDefault(const std::string& root) {
-      xla::pjrt::set_default_compile_cache_dir((std::filesystem::path(root) / ".xla_cache").string());
-    }
-    ~CompileCacheDefault() { xla::pjrt::set_default_compile_cache_dir(""); }
-  } compile_cache_default{options.default_root_dir()};
-  attach(m, &owner);
-  struct Detach {
-    TrainerImpl* self;
-    ~Detach() {
-      attach(*self->model, nullptr);
-      self->train_source.reset();
-      self->val_source.reset();
-    }
-  } detach{this};
-  // Installed once the rendezvous and the restore are done, as Lightning
-  // registers its handlers: until then SIGTERM and SIGINT keep their default
-  // action and end the worker at once, wherever it waits.
-  std::optional<runtime::StopSignalGuard> signals;
-  train_poll.reset();
-  eval_poll.reset();
-  stop_agreed = false;
+  CompileCacheDefault compile_cache_default{options.default_root_dir()};
+  AttachedModel attached{*this, m};
+  SignalConnector signals;  // installed by run_fit, after the restore
+  fit_loop.reset(std::nullopt);
+  evaluation_loop.reset(std::nullopt);
   runtime::apply_malloc_policy();
-
   strategy->setup_environment();
   // Messages of this stage take the ranks from the strategy's environment.
   runtime::RankScope log_ranks(strategy->global_rank(), strategy->world_size());
-  // A stage that throws still tears down; if that fails too (a module whose values a failed
-  // device execution never produced cannot move back), the stage's own error goes on and the
-  // teardown's is logged, since a second exception while unwinding would end the process.
-  struct Teardown {
-    Strategy* s;
-    int exceptions = std::uncaught_exceptions();
-    ~Teardown() noexcept(false) {
-      if (std::uncaught_exceptions() <= exceptions) {
-        s->teardown();
-        return;
-      }
-      try {
-        s->teardown();
-      } catch (const std::exception& e) {
-        runtime::log(runtime::LogLevel::kWarning,
-                     std::string("the strategy's teardown after the stage's error failed as well: ") + e.what());
-      }
-    }
-  } teardown{strategy.get()};
-  // A stage that throws: rank 0's logger writes the rows it still holds, as
-  // Lightning's finalize("failed"). An error while doing so must not hide the
-  // stage's own, which is already on its way.
-  struct FinalizeOnFailure {
-    TrainerImpl* self;
-    int exceptions = std::uncaught_exceptions();
-    ~FinalizeOnFailure() {
-      if (std::uncaught_exceptions() <= exceptions || !self->strategy->is_global_zero()) return;
-      for (auto& l : self->loggers) {
-        try {
-          l->finalize("failed");
-        } catch (...) {
-        }
-      }
-    }
-  } finalize_on_failure{this};
+  Teardown teardown{strategy.get()};
+  FinalizeOnFailure finalize_on_failure{this};
   if (options.seed()) seed_everything(*options.seed());
   if (options.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
-  if (data.datamodule) {
-    data.datamodule->setup(to_string(run_stage));
-    if (run_stage == Stage::kFit) {
-      data.train = data.datamodule->train_dataloader();
-      data.val = data.datamodule->val_dataloader();
-    } else if (run_stage == Stage::kValidate) {
-      data.eval = data.datamodule->val_dataloader();
-    } else if (run_stage == Stage::kTest) {
-      data.eval = data.datamodule->test_dataloader();
-    } else {
-      data.eval = data.datamodule->predict_dataloader();
-    }
+  data_connector.load(data);
+  setup_stage();
+  std::string path = checkpoints.resolve_ckpt_path(ckpt_path);
+  if (run_stage == Stage::kFit) {
+    if (restart_count() > 0) path = checkpoints.resume_after_restart(path);
+    run_fit(data, path, signals);
+  } else {
+    run_evaluation(data, path);
   }
+  return make_result(predict_loop.predictions());
+}
+
+void TrainerImpl::setup_stage() {
   strategy->setup(owner);
-  accumulate_grad_batches = options.accumulate_grad_batches();
-  for (auto& c : callbacks) c->setup(owner, m, run_stage);
+  fit_loop.epoch_loop.automatic.set_accumulate_grad_batches(options.accumulate_grad_batches());
+  for (auto& c : callbacks) c->setup(owner, *model, stage);
   // Every version before any logger writes: loggers on one root_dir and name share version_<N>.
   if (strategy->is_global_zero())
     for (auto& l : loggers) l->version();
   progress.scheduler_counts.assign(strategy->optimizer_config().schedulers.size(), 0);
-  results.reset();
-  pending_callback_metrics.clear();
-  callback_metrics.clear();
-  progress_bar_metrics.clear();
-  should_stop = false;
+  logging.results.reset();
+  logging.pending_callback_metrics.clear();
+  logging.callback_metrics.clear();
+  logging.progress_bar_metrics.clear();
+  fit_loop.set_should_stop(false);
+  predict_loop.clear();
+}
 
-  predictions.clear();
-  predict_batch_indices.clear();
-  std::string path = resolve_ckpt_path(ckpt_path);
-  if (run_stage == Stage::kFit && restart_count() > 0) path = resume_after_restart(path);
-  if (run_stage == Stage::kFit) {
-    if (!data.train) throw std::invalid_argument("fit: no training loader (pass one, or give the DataModule a train_dataloader)");
-    train_source = strategy->process_dataloader(data.train);
-    val_source = data.val ? strategy->process_dataloader(data.val) : nullptr;
-    progress.epoch = 0;
-    progress.global_step = 0;
-    progress.batches_done = 0;
-    progress.accumulated = 0;
-    if (!path.empty()) restore(path);
-    if (options.handle_signals()) {
-      signals.emplace(is_fulgur_worker() ? runtime::SecondSignal::kRecorded : runtime::SecondSignal::kExits);
-      StopPoll::Agree agree;
-      if (strategy->world_size() > 1) {
-        agree = [this](bool local, double seconds) {
-          const at::Tensor t = strategy->reduce(torch::tensor({local ? 1.0 : 0.0, seconds}, torch::kFloat64), "max");
-          return std::make_pair(t[0].item<double>() > 0, t[1].item<double>());
-        };
-      }
-      // Agreements about a quarter of a second apart: a signal is acted on
-      // well within a second unless one batch takes longer than that.
-      constexpr std::chrono::milliseconds kStopAgreeEvery{250};
-      train_poll.emplace(agree, kStopAgreeEvery);
-      eval_poll.emplace(agree, kStopAgreeEvery);
-    }
-    if (strategy->is_global_zero())
-      for (auto& l : loggers) l->log_hyperparams(model->hparams());
-    fit_loop();
-  } else {
-    if (!data.eval) {
-      throw std::invalid_argument(std::string(to_string(run_stage)) + ": no loader (pass one, or give the DataModule a " +
-                                  (run_stage == Stage::kValidate ? "val" : to_string(run_stage)) + "_dataloader)");
-    }
-    if (!path.empty()) restore(path);
-    auto source = strategy->process_dataloader(data.eval);
-    const BatchLimit& limit = run_stage == Stage::kValidate ? options.limit_val_batches()
-                              : run_stage == Stage::kTest   ? options.limit_test_batches()
-                                                            : options.limit_predict_batches();
-    const char* what = run_stage == Stage::kValidate ? "limit_val_batches"
-                       : run_stage == Stage::kTest   ? "limit_test_batches"
-                                                     : "limit_predict_batches";
-    const int64_t n = resolved.batches(limit, source->num_batches(), what);
-    if (run_stage == Stage::kPredict) {
-      predict_loop(*source, n);
-    } else {
-      auto metrics = evaluation_loop(run_stage, *source, n);
-      for (const auto& [k, v] : metrics) callback_metrics[k] = v;
-      if (strategy->is_global_zero())
-        for (auto& l : loggers) l->save();
-    }
+void TrainerImpl::run_fit(const StageData& data, const std::string& ckpt_path, SignalConnector& signals) {
+  data_connector.attach_fit_loaders(data);
+  progress.epoch = 0;
+  progress.global_step = 0;
+  progress.batches_done = 0;
+  progress.accumulated = 0;
+  if (!ckpt_path.empty()) checkpoints.restore(ckpt_path);
+  signals.install(*this);
+  if (strategy->is_global_zero())
+    for (auto& l : loggers) l->log_hyperparams(model->hparams());
+  fit_loop.run();
+}
+
+void TrainerImpl::run_evaluation(const StageData& data, const std::string& ckpt_path) {
+  data_connector.require_eval_loader(data);
+  if (!ckpt_path.empty()) checkpoints.restore(ckpt_path);
+  const DataConnector::EvalSource eval = data_connector.eval_source(data);
+  if (stage == Stage::kPredict) {
+    predict_loop.run(*eval.source, eval.batches);
+    return;
   }
-  return make_result(predictions);
+  auto metrics = evaluation_loop.run(stage, *eval.source, eval.batches);
+  for (const auto& [k, v] : metrics) logging.callback_metrics[k] = v;
+  if (strategy->is_global_zero())
+    for (auto& l : loggers) l->save();
 }
 
 c10::IValue TrainerImpl::run(Stage run_stage, LightningModule& m, StageData data, const std::string& ckpt_path) {
@@ -218,4 +182,3 @@ c10::IValue TrainerImpl::run(Stage run_stage, LightningModule& m, StageData data
 }
 
 }  // namespace fulgur::detail
-

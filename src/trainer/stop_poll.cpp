@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "trainer/stop_poll.h"
 
+#include "runtime/signals.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -20,6 +22,10 @@ bool StopPoll::poll(bool local, bool force, Clock::time_point now) {
   since_ = 0;
   last_ = now;
   return stop;
+}
+
+bool poll_stop_signal(std::optional<StopPoll>& poll, bool force) {
+  return poll && poll->poll(runtime::received_stop_signal() != 0, force);
 }
 
 }  // namespace fulgur::detail

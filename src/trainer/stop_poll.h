@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <utility>
 
 namespace fulgur::detail {
@@ -42,5 +43,9 @@ class StopPoll {
   int64_t since_ = 0;
   Clock::time_point last_;
 };
+
+// A loop's poll at a batch boundary, with this process's received stop signal (runtime/signals.h)
+// as the local flag: whether the loop stops here. False without a poll (signals not handled).
+bool poll_stop_signal(std::optional<StopPoll>& poll, bool force);
 
 }  // namespace fulgur::detail

@@ -43,17 +43,17 @@ void seed_everything(uint64_t seed) {
 Stage detail::TrainerRunContext::stage() const { return impl_.stage; }
 
 void detail::TrainerRunContext::log(const std::string& name, const at::Tensor& value, const LogOptions& options) {
-  impl_.log(name, value, options);
+  impl_.logging.log(name, value, options);
 }
 
 void detail::TrainerRunContext::optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure) {
-  impl_.manual_optimizer_step(optimizer, closure);
+  impl_.fit_loop.epoch_loop.manual.optimizer_step(optimizer, closure);
 }
 
-const std::vector<at::Tensor>& detail::TrainerRunContext::predictions() const { return impl_.predictions; }
+const std::vector<at::Tensor>& detail::TrainerRunContext::predictions() const { return impl_.predict_loop.predictions(); }
 
 const std::vector<std::vector<int64_t>>& detail::TrainerRunContext::predict_batch_indices() const {
-  return impl_.predict_batch_indices;
+  return impl_.predict_loop.batch_indices();
 }
 
 void detail::TrainerRunContext::run_probe(Callback& probe, int64_t max_steps) { impl_.run_probe(probe, max_steps); }
@@ -99,45 +99,47 @@ Metrics Trainer::test(LightningModule& model, std::shared_ptr<BatchSource> loade
 
 std::vector<at::Tensor> Trainer::predict(LightningModule& model, DataModule& datamodule, const std::string& ckpt_path) {
   impl_->run(Stage::kPredict, model, detail::StageData::from(datamodule), ckpt_path);
-  return impl_->predictions;
+  return impl_->predict_loop.predictions();
 }
 
 std::vector<at::Tensor> Trainer::predict(LightningModule& model, std::shared_ptr<BatchSource> loader,
                                          const std::string& ckpt_path) {
   impl_->run(Stage::kPredict, model, detail::StageData::from(Stage::kPredict, std::move(loader)), ckpt_path);
-  return impl_->predictions;
+  return impl_->predict_loop.predictions();
 }
 
 const TrainerOptions& Trainer::options() const { return impl_->options; }
 Strategy& Trainer::strategy() const { return *impl_->strategy; }
 int64_t Trainer::current_epoch() const { return impl_->progress.epoch; }
 int64_t Trainer::global_step() const { return impl_->progress.global_step; }
-bool Trainer::should_stop() const { return impl_->should_stop; }
-void Trainer::set_should_stop(bool value) { impl_->should_stop = value; }
-bool Trainer::sanity_checking() const { return impl_->sanity_checking; }
+bool Trainer::should_stop() const { return impl_->fit_loop.should_stop(); }
+void Trainer::set_should_stop(bool value) { impl_->fit_loop.set_should_stop(value); }
+bool Trainer::sanity_checking() const { return impl_->evaluation_loop.sanity_checking(); }
 bool Trainer::is_global_zero() const { return impl_->strategy->is_global_zero(); }
 int64_t Trainer::world_size() const { return impl_->strategy->world_size(); }
 int64_t Trainer::global_rank() const { return impl_->strategy->global_rank(); }
-int64_t Trainer::num_training_batches() const { return impl_->num_training_batches; }
-int64_t Trainer::num_val_batches() const { return impl_->num_val_batches; }
+int64_t Trainer::num_training_batches() const { return impl_->fit_loop.num_training_batches(); }
+int64_t Trainer::num_val_batches() const { return impl_->fit_loop.num_val_batches(); }
 int64_t Trainer::max_epochs() const { return impl_->resolved.max_epochs; }
 int64_t Trainer::max_steps() const { return impl_->options.max_steps(); }
-int64_t Trainer::accumulate_grad_batches() const { return impl_->accumulate_grad_batches; }
+int64_t Trainer::accumulate_grad_batches() const {
+  return impl_->fit_loop.epoch_loop.automatic.accumulate_grad_batches();
+}
 
 void Trainer::set_accumulate_grad_batches(int64_t k) {
   if (k < 1) throw std::invalid_argument("accumulate_grad_batches=" + std::to_string(k) + " must be >= 1");
-  impl_->accumulate_grad_batches = k;
+  impl_->fit_loop.epoch_loop.automatic.set_accumulate_grad_batches(k);
 }
 
 const Metrics& Trainer::callback_metrics() const {
-  impl_->materialize_metrics();
-  return impl_->callback_metrics;
+  impl_->logging.materialize_metrics();
+  return impl_->logging.callback_metrics;
 }
 
 const Metrics& Trainer::progress_bar_metrics() const {
-  for (const auto& [k, v] : impl_->pending_prog_bar) impl_->progress_bar_metrics[k] = v.item<double>();
-  impl_->pending_prog_bar.clear();
-  return impl_->progress_bar_metrics;
+  for (const auto& [k, v] : impl_->logging.pending_prog_bar) impl_->logging.progress_bar_metrics[k] = v.item<double>();
+  impl_->logging.pending_prog_bar.clear();
+  return impl_->logging.progress_bar_metrics;
 }
 
 const std::shared_ptr<Logger>& Trainer::logger() const {
@@ -159,14 +161,14 @@ ModelCheckpoint* Trainer::checkpoint_callback() const { return detail::find_call
 const OptimizerConfig& Trainer::optimizer_config() const { return impl_->strategy->optimizer_config(); }
 
 Checkpoint Trainer::dump_checkpoint() {
-  if (impl_->final_checkpoint && !is_fulgur_worker()) {
+  if (impl_->checkpoints.final_checkpoint && !is_fulgur_worker()) {
     // After a multi-process fit, in the launching process: rank 0's state at
     // the end of fit, with the weights of the model as they are now.
-    Checkpoint c = impl_->final_checkpoint->copy();
+    Checkpoint c = impl_->checkpoints.final_checkpoint->copy();
     c.insert_or_assign("state_dict", state_dict(*impl_->model));
     return c;
   }
-  return impl_->dump_checkpoint();
+  return impl_->checkpoints.dump();
 }
 
 void Trainer::save_checkpoint(const std::string& path) {

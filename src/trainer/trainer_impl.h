@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The Trainer's state and loops (private to the library). The members are
-// defined by concern: options.cpp (the constructor), run.cpp (run,
-// run_in_worker), loops.cpp, logging.cpp, checkpointing.cpp,
-// worker_result.cpp; trainer.cpp is the façade.
+// The Trainer's state (private to the library): the options, the strategy,
+// callbacks and loggers, the loop position (Progress), and as members the
+// loops (loops/, each owning its flags) and the connectors (connectors/:
+// data, checkpoints, logging). The members are defined by concern: options.cpp (the
+// constructor), run.cpp (run, run_in_worker), probe.cpp, worker_result.cpp;
+// trainer.cpp is the façade.
 
 #include <fulgur/callbacks/callback.h>
 #include <fulgur/data/data_loader.h>
@@ -14,10 +16,15 @@
 
 #include <torch/optim/optimizer.h>
 
+#include "trainer/connectors/checkpoint_connector.h"
+#include "trainer/connectors/data_connector.h"
+#include "trainer/connectors/logger_connector.h"
+#include "trainer/loops/evaluation_loop.h"
+#include "trainer/loops/fit_loop.h"
+#include "trainer/loops/prediction_loop.h"
 #include "trainer/progress.h"
 #include "trainer/results.h"
 #include "trainer/run_context.h"
-#include "trainer/stop_poll.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -30,6 +37,7 @@
 namespace fulgur {
 class Strategy;
 }
+
 
 namespace fulgur::detail {
 
@@ -48,29 +56,10 @@ inline std::string format_metric(double v) {
   return buf;
 }
 
-// Where a stage's loaders come from (called in the worker, after setup).
-struct StageData {
-  // The DataModule's loaders for the stage.
-  static StageData from(DataModule& datamodule) {
-    StageData d;
-    d.datamodule = &datamodule;
-    return d;
-  }
-  // The loaders given: `loader` trains under fit (with `val_loader`, if any)
-  // and is `eval` for the other stages.
-  static StageData from(Stage stage, std::shared_ptr<BatchSource> loader,
-                        std::shared_ptr<BatchSource> val_loader = nullptr) {
-    StageData d;
-    (stage == Stage::kFit ? d.train : d.eval) = std::move(loader);
-    d.val = std::move(val_loader);
-    return d;
-  }
-
-  DataModule* datamodule = nullptr;
-  std::shared_ptr<BatchSource> train;
-  std::shared_ptr<BatchSource> val;
-  std::shared_ptr<BatchSource> eval;  // validate / test / predict
-};
+// The size of a batch for logging's weighted means: its data's first dimension, else 1.
+inline int64_t batch_size_of(const Batch& batch) {
+  return batch.data.defined() && batch.data.dim() > 0 ? batch.data.size(0) : 1;
+}
 
 // The values the loops read that the options only imply, resolved once by
 // the constructor (options.cpp) so that nothing re-derives them later.
@@ -90,6 +79,7 @@ struct ResolvedOptions {
 };
 
 struct TrainerImpl;
+class SignalConnector;
 
 // The RunContext of a TrainerImpl (run_context(trainer) returns it).
 class TrainerRunContext final : public RunContext {
@@ -117,58 +107,25 @@ struct TrainerImpl {
   // brings rank 0's results back into this process.
   c10::IValue run(Stage stage, LightningModule& model, StageData data, const std::string& ckpt_path);
 
-  // --- inside a worker ---
+  // --- inside a worker (run.cpp) ---
+  // The guards, seeding, the stage's loaders, setup_stage, and run_fit or run_evaluation.
   c10::IValue run_in_worker(Stage stage, LightningModule& model, StageData data, const std::string& ckpt_path);
-  void fit_loop();
-  // Runs validation over `source`; returns the epoch metrics.
-  Metrics evaluation_loop(Stage stage, BatchSource& source, int64_t max_batches);
-  // Fills `predictions` and `predict_batch_indices`.
-  void predict_loop(BatchSource& source, int64_t max_batches);
-  void training_batch(const Batch& batch, int64_t batch_idx);
-  void optimizer_step_automatic(const Batch& batch, int64_t batch_idx, StepOutput& out, bool sync_now);
-  void clip_gradients(torch::optim::Optimizer& optimizer);
-  void step_schedulers(const std::string& interval);
-  void log_step_metrics(bool force);
-  // Records epoch aggregates (already read to doubles in `read`) in
-  // callback_metrics, the progress bar and the logger.
-  void log_epoch_metrics(const std::map<std::string, ResultCollection::Logged>& values, const Metrics& read,
-                         int64_t step);
-  // Reduces a logged value across ranks (for sync_dist).
-  ResultCollection::Reducer reducer();
-  void log(const std::string& name, const at::Tensor& value, const LogOptions& options);
-  // A step of manual optimization (LightningOptimizer::step), counted in global_step.
-  void manual_optimizer_step(torch::optim::Optimizer& optimizer, const std::function<void()>& closure);
+  // The strategy's and the callbacks' setup, the loggers' versions, and the run's counters and
+  // metrics cleared.
+  void setup_stage();
+  // The fit's loaders, the restore from `ckpt_path` (if any), the stop signals (installed into
+  // `signals`, which the caller keeps for the stage), FitLoop::run.
+  void run_fit(const StageData& data, const std::string& ckpt_path, SignalConnector& signals);
+  // validate, test or predict: the restore, the loader after its limit, the stage's loop.
+  void run_evaluation(const StageData& data, const std::string& ckpt_path);
   // RunContext::run_probe and reconfigure_optimizers (probe.cpp).
   void run_probe(Callback& probe, int64_t max_steps);
   void probe_epochs(int64_t max_steps);
   void reconfigure_optimizers();
-  // Why fit_loop ended normally: max_steps, EarlyStopping (its metric and
-  // value), should_stop, max_epochs.
-  std::string fit_stop_reason() const;
-  // Rank 0 prints, at info: why fit stopped, the best checkpoint and its
-  // score, and the log folder.
-  void report_fit_end(const std::string& why) const;
-  // Whether a stop signal (on any rank) ends the loop `poll` serves after this
-  // batch (false when fit does not handle signals: no poll).
-  bool stop_requested(std::optional<StopPoll>& poll, bool force);
-
-  // --- checkpoints ---
-  Checkpoint dump_checkpoint();
-  // state_key() -> state_dict() of each callback that has a state.
-  c10::Dict<std::string, c10::IValue> callback_states() const;
-  // Gives each callback its entry of `states` (as callback_states made them), if any.
-  void load_callback_states(const c10::IValue& states);
-  void restore(const std::string& path);
-  std::string resolve_ckpt_path(const std::string& ckpt_path) const;
-  // In a restarted attempt of a launch (max_restarts): the last.ckpt an
-  // earlier attempt wrote, else `ckpt_path` (the stage's own). Every rank calls.
-  std::string resume_after_restart(const std::string& ckpt_path);
 
   // --- results travelling from rank 0 to the launching process ---
   c10::IValue make_result(const std::vector<at::Tensor>& predictions);
   void apply_result(const c10::IValue& result);
-
-  void materialize_metrics() const;
 
   Trainer& owner;
   TrainerRunContext context{*this};
@@ -181,47 +138,23 @@ struct TrainerImpl {
   // Rank 0 calls each, in order; empty with logger(false) or fast_dev_run.
   std::vector<std::shared_ptr<Logger>> loggers;
 
-  // Loop state.
   LightningModule* model = nullptr;
   Stage stage = Stage::kFit;
   // The epoch, step, resume position, micro-batches and scheduler counts (progress.h).
   Progress progress;
-  bool should_stop = false;
-  bool sanity_checking = false;
-  // Set while fit handles stop signals: where the loops agree to stop, and
-  // whether an evaluation loop inside fit already agreed.
-  std::optional<StopPoll> train_poll;
-  std::optional<StopPoll> eval_poll;
-  bool stop_agreed = false;
+  // The loops (Lightning's fit_loop, validate/test loop and predict_loop); fit's
+  // validation runs through evaluation_loop too.
+  FitLoop fit_loop{*this};
+  EvaluationLoop evaluation_loop{*this};
+  PredictionLoop predict_loop{*this};
+  // The stage's loaders as the strategy serves them, and their limits.
+  DataConnector data_connector{*this};
+  // Dump, restore and ckpt_path (connectors/checkpoint_connector.h).
+  CheckpointConnector checkpoints{*this};
+  // LightningModule::log, the logged values and metrics, rows to the loggers.
+  LoggerConnector logging{*this};
+  // A fit has been launched: a strategy that starts processes refuses a second.
   bool launched_once = false;
-  bool in_training_step = false;
-  // While run_probe runs: the module's schedulers take no step (they are made anew after it).
-  bool schedulers_paused = false;
-  int64_t num_training_batches = 0;
-  int64_t num_val_batches = 0;  // per validation run of fit, after limits; 0 without a val loader
-  // Micro-batches per optimizer step now: the option, reset at each fit's start; a
-  // GradientAccumulationScheduler changes it per epoch.
-  int64_t accumulate_grad_batches = 1;
-  int64_t last_logged_step = -1;
-  std::shared_ptr<BatchSource> train_source;
-  std::shared_ptr<BatchSource> val_source;
-  int64_t current_batch_size = 1;
-  // This rank's predictions (CPU tensors) of the current or last predict run;
-  // in the launching process after a multi-process run, rank 0's.
-  std::vector<at::Tensor> predictions;
-  // The dataset indices of each batch in `predictions` (empty lists when the
-  // source is not a DataLoader, whose indices are unknown). This rank's.
-  std::vector<std::vector<int64_t>> predict_batch_indices;
-  // The launching process of a multi-process fit has no optimizers of its
-  // own: rank 0's whole checkpoint at the end of fit comes back with the
-  // result, so that Trainer::save_checkpoint after fit is complete there too.
-  std::optional<Checkpoint> final_checkpoint;
-
-  ResultCollection results;
-  mutable Metrics callback_metrics;
-  mutable std::map<std::string, at::Tensor> pending_callback_metrics;
-  mutable Metrics progress_bar_metrics;
-  std::map<std::string, at::Tensor> pending_prog_bar;
 };
 
 }  // namespace fulgur::detail

@@ -19,13 +19,13 @@ namespace fulgur::detail {
 c10::IValue TrainerImpl::make_result(const std::vector<at::Tensor>& preds) {
   auto r = fulgur::make_dict();
   r.insert("state_dict", state_dict(*model));
-  materialize_metrics();
+  logging.materialize_metrics();
   c10::Dict<std::string, double> cm;
-  for (const auto& [k, v] : callback_metrics) cm.insert(k, v);
+  for (const auto& [k, v] : logging.callback_metrics) cm.insert(k, v);
   r.insert("callback_metrics", cm);
   r.insert("current_epoch", progress.epoch);
   r.insert("global_step", progress.global_step);
-  r.insert("callbacks", callback_states());
+  r.insert("callbacks", checkpoints.callback_states());
   if (strategy->is_global_zero()) {
     c10::List<std::string> versions;
     for (const auto& l : loggers) versions.push_back(l->version());
@@ -36,7 +36,7 @@ c10::IValue TrainerImpl::make_result(const std::vector<at::Tensor>& preds) {
   r.insert("predictions", p);
   Launcher* launcher = strategy->launcher();
   if (stage == Stage::kFit && launcher && launcher->creates_processes()) {
-    Checkpoint c = dump_checkpoint();  // collective: every rank dumps
+    Checkpoint c = checkpoints.dump();  // collective: every rank dumps
     // Only rank 0's result reaches the launching process.
     if (strategy->is_global_zero()) r.insert("checkpoint", to_cpu(c10::IValue(c)));
   }
@@ -48,17 +48,18 @@ void TrainerImpl::apply_result(const c10::IValue& value) {
   auto r = c10::impl::toTypedDict<std::string, c10::IValue>(value.toGenericDict());
   load_state_dict(*model, c10::impl::toTypedDict<std::string, c10::IValue>(r.at("state_dict").toGenericDict()), true,
                   "result of rank 0");
-  callback_metrics.clear();
+  logging.callback_metrics.clear();
   for (const auto& kv : r.at("callback_metrics").toGenericDict()) {
-    callback_metrics[kv.key().toStringRef()] = kv.value().toDouble();
+    logging.callback_metrics[kv.key().toStringRef()] = kv.value().toDouble();
   }
   progress.epoch = r.at("current_epoch").toInt();
   progress.global_step = r.at("global_step").toInt();
-  load_callback_states(r.at("callbacks"));
-  predictions.clear();
+  checkpoints.load_callback_states(r.at("callbacks"));
+  std::vector<at::Tensor> predictions;
   for (const auto& t : r.at("predictions").toTensorList()) predictions.push_back(t);
+  predict_loop.set_predictions(std::move(predictions));
   if (r.contains("checkpoint")) {
-    final_checkpoint = c10::impl::toTypedDict<std::string, c10::IValue>(r.at("checkpoint").toGenericDict());
+    checkpoints.final_checkpoint = c10::impl::toTypedDict<std::string, c10::IValue>(r.at("checkpoint").toGenericDict());
   }
   if (r.contains("logger_versions")) {
     const auto versions = r.at("logger_versions").toList();
