@@ -2,6 +2,7 @@
 #pragma once
 // Strategy names -> strategy objects, resolved once from the Trainer's options.
 
+#include <fulgur/strategies/ddp_comm_hook.h>
 #include <fulgur/strategies/strategy.h>
 
 #include <torch/arg.h>
@@ -29,6 +30,9 @@ struct StrategyRequest {
   TORCH_ARG(int64_t, max_restarts) = 0;
   TORCH_ARG(std::chrono::milliseconds, collective_timeout) = std::chrono::minutes(30);
   TORCH_ARG(bool, use_distributed_sampler) = true;
+  // ParallelOptions::ddp_comm_hook; anything but kNone needs a strategy of
+  // several processes ("ddp", "xla", or "auto" on several devices).
+  TORCH_ARG(DDPCommHook, ddp_comm_hook) = DDPCommHook::kNone;
 };
 
 // The names make_strategy accepts.
