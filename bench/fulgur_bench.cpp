@@ -185,6 +185,13 @@ class BenchCallback : public fulgur::Callback {
   // counts) is left out. Interleaved, 60 times each, medians:
   //  - one Gloo all-reduce of as many bytes as the gradients, on the trainer's
   //    own process group (the loopback limit);
+  //  - the same bytes cut as DDPStrategy's bucket reducer cuts them (make_buckets,
+  //    the reducer's default sizes): every bucket's all-reduce started, then all
+  //    waited for, with no copy; and the last bucket's alone (it holds the first
+  //    layers' gradients, which backward produces last, so no overlap can hide
+  //    it). With the CPU time this process spent in them (Gloo's threads
+  //    included): on loopback, moving bytes is CPU work that overlap cannot
+  //    take off a saturated machine. bench/run.py's limit rows use these;
   //  - on cpu devices, one gradient sync by DDPStrategy's component (the
   //    bucket reducer, same bucket sizes): copies into buckets, the bucket
   //    all-reduces, the division and the copies back.
@@ -198,24 +205,37 @@ class BenchCallback : public fulgur::Callback {
       if (!p.grad().defined()) p.mutable_grad() = torch::ones_like(p);
     }
     at::Tensor buf = torch::zeros({n});
+    const fulgur::detail::BucketOptions sizes;
+    auto buckets = fulgur::detail::make_buckets(params, sizes.first_bucket_bytes, sizes.bucket_bytes);
     auto reducer = s_.accelerator == "cpu" ? fulgur::detail::make_bucket_reducer(params, ps->collectives()) : nullptr;
     auto& c = *ps->collectives();
-    std::vector<double> raw, sync;
-    auto timed = [&](std::vector<double>& into, const std::function<void()>& fn) {
+    std::vector<double> raw, bucketed, bucketed_cpu, last, sync;
+    auto timed = [&](std::vector<double>& into, const std::function<void()>& fn, std::vector<double>* cpu = nullptr) {
       c.barrier("communication");
+      const double cpu0 = cpu_seconds();
       const auto t0 = Clock::now();
       fn();
       into.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (cpu) cpu->push_back(cpu_seconds() - cpu0);
     };
     for (int i = 0; i < 60; ++i) {
       timed(raw, [&] { c.all_reduce_async(buf, fulgur::ReduceOp::kSum)->wait(); });
+      timed(bucketed, [&] {
+        std::vector<std::unique_ptr<fulgur::PendingReduce>> pending;
+        for (auto& b : buckets) pending.push_back(c.all_reduce_async(b.flat, fulgur::ReduceOp::kSum));
+        for (auto& p : pending) p->wait();
+      }, &bucketed_cpu);
+      timed(last, [&] { c.all_reduce_async(buckets.back().flat, fulgur::ReduceOp::kSum)->wait(); });
       if (reducer) timed(sync, [&] { reducer->finalize(); });
     }
     auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    js << ", \"raw_allreduce_seconds\": " << median(raw) << ", \"grad_bytes\": " << n * 4;
+    js << ", \"raw_allreduce_seconds\": " << median(raw) << ", \"grad_bytes\": " << n * 4
+       << ", \"buckets\": " << buckets.size() << ", \"raw_bucketed_allreduce_seconds\": " << median(bucketed)
+       << ", \"raw_bucketed_allreduce_cpu_seconds\": " << median(bucketed_cpu)
+       << ", \"raw_last_bucket_allreduce_seconds\": " << median(last);
     if (reducer) js << ", \"aligned_sync_seconds\": " << median(sync);
   }
 
