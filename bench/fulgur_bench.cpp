@@ -14,6 +14,7 @@
 #include <fulgur/launchers/launcher.h>
 #include <fulgur/lightning_module.h>
 #include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/registry.h>
 #include <fulgur/xla/backend.h>
 
 #include "distributed/gradient_sync.h"
@@ -44,6 +45,7 @@ struct Settings {
   int64_t fail_rank = -1, fail_step = 3;
   uint64_t seed = 0;
   bool raw_allreduce = false;
+  std::string ddp_comm_hook = "none";
   bool handle_signals = true;
 };
 
@@ -207,7 +209,10 @@ class BenchCallback : public fulgur::Callback {
     at::Tensor buf = torch::zeros({n});
     const fulgur::detail::BucketOptions sizes;
     auto buckets = fulgur::detail::make_buckets(params, sizes.first_bucket_bytes, sizes.bucket_bytes);
-    auto reducer = s_.accelerator == "cpu" ? fulgur::detail::make_bucket_reducer(params, ps->collectives()) : nullptr;
+    fulgur::detail::BucketOptions reducer_options;
+    reducer_options.comm_hook = ps->parallel_options().ddp_comm_hook();
+    auto reducer =
+        s_.accelerator == "cpu" ? fulgur::detail::make_bucket_reducer(params, ps->collectives(), reducer_options) : nullptr;
     auto& c = *ps->collectives();
     std::vector<double> raw, bucketed, bucketed_cpu, last, sync;
     auto timed = [&](std::vector<double>& into, const std::function<void()>& fn, std::vector<double>* cpu = nullptr) {
@@ -291,6 +296,10 @@ void run(Settings s) {
   const std::string strategy = xla ? (s.devices > 1 ? "xla" : "single_xla")
                                    : (s.accelerator == "cuda" && s.devices == 1 ? "single_device" : "ddp");
   opts.accelerator(s.accelerator).devices(s.devices).strategy(strategy);
+  if (const auto hook = fulgur::parse_ddp_comm_hook(s.ddp_comm_hook); hook != fulgur::DDPCommHook::kNone) {
+    opts.strategy(fulgur::make_strategy(
+        fulgur::StrategyRequest().strategy(strategy).accelerator(s.accelerator).devices(std::to_string(s.devices)).ddp_comm_hook(hook)));
+  }
   opts.max_steps(s.warmup + s.steps).max_epochs(-1).num_sanity_val_steps(0);
   opts.enable_checkpointing(false).enable_progress_bar(false).enable_model_summary(false).logger(false).handle_signals(s.handle_signals);
   opts.callbacks({std::make_shared<BenchCallback>(s)});
@@ -322,6 +331,8 @@ int main(int argc, char** argv) {
   app.add_option("--fail-rank", s.fail_rank, "fault injection: this rank throws at the end of step --fail-step (-1: none)");
   app.add_option("--fail-step", s.fail_step, "the global step after which --fail-rank throws");
   app.add_flag("--raw-allreduce", s.raw_allreduce, "also time a raw all-reduce of the gradient bytes");
+  app.add_option("--ddp-comm-hook", s.ddp_comm_hook,
+                 "none or bf16_compress_hook (ParallelOptions::ddp_comm_hook; the aligned sync uses it too)");
   app.add_flag("!--no-signal-check", s.handle_signals,
                "TrainerOptions::handle_signals(false): no per-step stop-signal decision (an all-reduce on several processes)");
   CLI11_PARSE(app, argc, argv);
