@@ -30,8 +30,9 @@ struct StrategyRequest {
   TORCH_ARG(int64_t, max_restarts) = 0;
   TORCH_ARG(std::chrono::milliseconds, collective_timeout) = std::chrono::minutes(30);
   TORCH_ARG(bool, use_distributed_sampler) = true;
-  // ParallelOptions::ddp_comm_hook; anything but kNone needs a strategy of
-  // several processes ("ddp", "xla", or "auto" on several devices).
+  // ParallelOptions::ddp_comm_hook. Anything but kNone is refused with
+  // "single_device" and "single_xla" (and "auto" on one device), which reduce
+  // nothing; "ddp" or "xla" on one device take it and have nothing to reduce.
   TORCH_ARG(DDPCommHook, ddp_comm_hook) = DDPCommHook::kNone;
 };
 
