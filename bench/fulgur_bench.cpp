@@ -14,6 +14,7 @@
 #include <fulgur/launchers/launcher.h>
 #include <fulgur/lightning_module.h>
 #include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/registry.h>
 #include <fulgur/xla/backend.h>
 
 #include "distributed/gradient_sync.h"
@@ -44,6 +45,7 @@ struct Settings {
   int64_t fail_rank = -1, fail_step = 3;
   uint64_t seed = 0;
   bool raw_allreduce = false;
+  std::string ddp_comm_hook = "none";
   bool handle_signals = true;
 };
 
@@ -185,6 +187,13 @@ class BenchCallback : public fulgur::Callback {
   // counts) is left out. Interleaved, 60 times each, medians:
   //  - one Gloo all-reduce of as many bytes as the gradients, on the trainer's
   //    own process group (the loopback limit);
+  //  - the same bytes cut as DDPStrategy's bucket reducer cuts them (make_buckets,
+  //    the reducer's default sizes): every bucket's all-reduce started, then all
+  //    waited for, with no copy; and the last bucket's alone (it holds the first
+  //    layers' gradients, which backward produces last, so no overlap can hide
+  //    it). With the CPU time this process spent in them (Gloo's threads
+  //    included): on loopback, moving bytes is CPU work that overlap cannot
+  //    take off a saturated machine. bench/run.py's limit rows use these;
   //  - on cpu devices, one gradient sync by DDPStrategy's component (the
   //    bucket reducer, same bucket sizes): copies into buckets, the bucket
   //    all-reduces, the division and the copies back.
@@ -198,24 +207,40 @@ class BenchCallback : public fulgur::Callback {
       if (!p.grad().defined()) p.mutable_grad() = torch::ones_like(p);
     }
     at::Tensor buf = torch::zeros({n});
-    auto reducer = s_.accelerator == "cpu" ? fulgur::detail::make_bucket_reducer(params, ps->collectives()) : nullptr;
+    const fulgur::detail::BucketOptions sizes;
+    auto buckets = fulgur::detail::make_buckets(params, sizes.first_bucket_bytes, sizes.bucket_bytes);
+    fulgur::detail::BucketOptions reducer_options;
+    reducer_options.comm_hook = ps->parallel_options().ddp_comm_hook();
+    auto reducer =
+        s_.accelerator == "cpu" ? fulgur::detail::make_bucket_reducer(params, ps->collectives(), reducer_options) : nullptr;
     auto& c = *ps->collectives();
-    std::vector<double> raw, sync;
-    auto timed = [&](std::vector<double>& into, const std::function<void()>& fn) {
+    std::vector<double> raw, bucketed, bucketed_cpu, last, sync;
+    auto timed = [&](std::vector<double>& into, const std::function<void()>& fn, std::vector<double>* cpu = nullptr) {
       c.barrier("communication");
+      const double cpu0 = cpu_seconds();
       const auto t0 = Clock::now();
       fn();
       into.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (cpu) cpu->push_back(cpu_seconds() - cpu0);
     };
     for (int i = 0; i < 60; ++i) {
       timed(raw, [&] { c.all_reduce_async(buf, fulgur::ReduceOp::kSum)->wait(); });
+      timed(bucketed, [&] {
+        std::vector<std::unique_ptr<fulgur::PendingReduce>> pending;
+        for (auto& b : buckets) pending.push_back(c.all_reduce_async(b.flat, fulgur::ReduceOp::kSum));
+        for (auto& p : pending) p->wait();
+      }, &bucketed_cpu);
+      timed(last, [&] { c.all_reduce_async(buckets.back().flat, fulgur::ReduceOp::kSum)->wait(); });
       if (reducer) timed(sync, [&] { reducer->finalize(); });
     }
     auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    js << ", \"raw_allreduce_seconds\": " << median(raw) << ", \"grad_bytes\": " << n * 4;
+    js << ", \"raw_allreduce_seconds\": " << median(raw) << ", \"grad_bytes\": " << n * 4
+       << ", \"buckets\": " << buckets.size() << ", \"raw_bucketed_allreduce_seconds\": " << median(bucketed)
+       << ", \"raw_bucketed_allreduce_cpu_seconds\": " << median(bucketed_cpu)
+       << ", \"raw_last_bucket_allreduce_seconds\": " << median(last);
     if (reducer) js << ", \"aligned_sync_seconds\": " << median(sync);
   }
 
@@ -271,6 +296,10 @@ void run(Settings s) {
   const std::string strategy = xla ? (s.devices > 1 ? "xla" : "single_xla")
                                    : (s.accelerator == "cuda" && s.devices == 1 ? "single_device" : "ddp");
   opts.accelerator(s.accelerator).devices(s.devices).strategy(strategy);
+  if (const auto hook = fulgur::parse_ddp_comm_hook(s.ddp_comm_hook); hook != fulgur::DDPCommHook::kNone) {
+    opts.strategy(fulgur::make_strategy(
+        fulgur::StrategyRequest().strategy(strategy).accelerator(s.accelerator).devices(std::to_string(s.devices)).ddp_comm_hook(hook)));
+  }
   opts.max_steps(s.warmup + s.steps).max_epochs(-1).num_sanity_val_steps(0);
   opts.enable_checkpointing(false).enable_progress_bar(false).enable_model_summary(false).logger(false).handle_signals(s.handle_signals);
   opts.callbacks({std::make_shared<BenchCallback>(s)});
@@ -302,6 +331,8 @@ int main(int argc, char** argv) {
   app.add_option("--fail-rank", s.fail_rank, "fault injection: this rank throws at the end of step --fail-step (-1: none)");
   app.add_option("--fail-step", s.fail_step, "the global step after which --fail-rank throws");
   app.add_flag("--raw-allreduce", s.raw_allreduce, "also time a raw all-reduce of the gradient bytes");
+  app.add_option("--ddp-comm-hook", s.ddp_comm_hook,
+                 "none or bf16_compress_hook (ParallelOptions::ddp_comm_hook; the aligned sync uses it too)");
   app.add_flag("!--no-signal-check", s.handle_signals,
                "TrainerOptions::handle_signals(false): no per-step stop-signal decision (an all-reduce on several processes)");
   CLI11_PARSE(app, argc, argv);

@@ -38,6 +38,7 @@ Ends with a summary block, one figure per line as `name value`.
   bench/run.py                               # the full run (about 22 min on a quiet 2-core machine, estimated)
   bench/run.py --reps 1 --steps-scale 0.5    # a quick look
   bench/run.py --equality-only --tiny   # the CI check (a few steps per model)
+  bench/run.py --limit-only --reps 3    # issue 35's limit rows alone (about 2 min)
 """
 import argparse
 import json
@@ -105,6 +106,9 @@ def parse_args():
                         "libtorch 1.13: fulgur and reference.py) does not know this CPU and falls back to its SSE3 "
                         "'Prescott' kernels (then SkylakeX on an AVX-512 CPU, Haswell on AVX2); 'none' never sets it; "
                         "or a core name, as OpenBLAS spells it")
+    p.add_argument("--limit-only", action="store_true",
+                   help="only the limit rows (issue 35): per model a 2-process run with the raw all-reduces and two "
+                        "independent 1-process 1-thread runs, --reps times")
     p.add_argument("--lightning-rtol-ddp", type=float, default=1e-5)
     p.add_argument("--lightning-rtol-xla", type=float, default=1e-4)
     return p.parse_args()
@@ -143,6 +147,7 @@ class Runner:
         cores = len(os.sched_getaffinity(0))
         self.cores = cores
         self.spent = {}  # what the run's wall time went to: "<program>" -> seconds
+        self.independent_steps = {}  # model -> [mean step seconds of two independent 1-process runs, per rep]
         self.openblas_detected, self.openblas_core = openblas_coretype(args.openblas_coretype)
 
     def account(self, what, seconds):
@@ -248,7 +253,10 @@ class Runner:
             if p.returncode != 0:
                 raise SystemExit(f"run.py: an independent fulgur run exited with {p.returncode}:\n{text[-4000:]}")
         self.account("fulgur_bench (2 independent)", time.time() - t)
-        return [self.load(f"{out}_{model}", 1)[0]["samples_per_s"] for out in outs]
+        res = [self.load(f"{out}_{model}", 1)[0] for out in outs]
+        # One step's compute on one core while the other core is busy too: the limit rows' compute.
+        self.independent_steps.setdefault(model, []).append(statistics.mean(r["step_seconds"] for r in res))
+        return [r["samples_per_s"] for r in res]
 
     def run(self, side, model, nproc, warmup, steps, threads=0, extra=()):
         """Runs one side; returns the list of per-rank result dicts."""
@@ -519,6 +527,75 @@ def lightning_report(args, models, procs, runner, sps, ratio, startup, recs, lig
     print("    one process's peak)")
 
 
+def limit_report(models, recs, independent, independent_steps, summary, cores):
+    """Issue 35's limit rows: the best 2-process step the machine allows, from the compute time of one
+    step on one core (the step of the two independent 1-process 1-thread runs that
+    scaling_vs_independent_2proc divides by: each on one core while the other core is busy too; the
+    1-process 1-thread run's where there were none) and the raw Gloo all-reduces of the gradient bytes
+    measured inside the 2-process run, cut into DDPStrategy's buckets. Without overlap a step costs
+    compute + all-reduce; with perfect overlap max(compute + last bucket, all-reduce), as the last
+    bucket (the first layers' gradients) exists only when backward ends. The scaling limits are in the
+    terms of scaling_vs_independent_2proc (compute / step); the sync limit is the bucketed raw
+    all-reduce over the one-buffer one that sync_over_raw_allreduce divides by (what a sync adding
+    nothing to its buckets' all-reduces would score). Loopback all-reduce is CPU work ('ar cpu': this
+    process's CPU time in it, Gloo's threads included), so on a machine whose cores all compute,
+    overlap saves less than the row says."""
+    t2 = max(1, cores // 2)
+    print()
+    print("== limit: 2 processes x 1 thread on this machine (compute: the step of two independent 1-process")
+    print("   1-thread runs; all-reduce: raw Gloo in the 2-process run, the gradient bytes cut into DDPStrategy's")
+    print("   buckets; step limits without overlap (compute + all-reduce) and with it; medians)")
+    print(f"  {'model':7s} {'MiB':>5s} {'bkts':>4s} {'compute':>8s} {'allred':>7s} {'last':>6s} {'ar cpu':>7s} "
+          f"{'step 2p: no ovl':>15s} {'ovl':>6s} {'measured':>8s}   scaling limit: {'no ovl':>6s} {'ovl':>5s} "
+          f"{'measured':>8s}   sync/raw limit {'measured':>8s}")
+    for model in models:
+        one = recs.get(("ddp", model, 1, 1))
+        two = recs.get(("ddp", model, 2, t2))
+        if not (one or model in independent_steps) or not two or "raw_bucketed_allreduce_seconds" not in two[0][0]:
+            continue
+        c = median(independent_steps[model]) if model in independent_steps else \
+            median([res[0]["step_seconds"] for res in one])
+        a = median([max(r["raw_bucketed_allreduce_seconds"] for r in res) for res in two])
+        last = median([max(r["raw_last_bucket_allreduce_seconds"] for r in res) for res in two])
+        a_cpu = median([max(r["raw_bucketed_allreduce_cpu_seconds"] for r in res) for res in two])
+        raw = median([max(r["raw_allreduce_seconds"] for r in res) for res in two])
+        sync = median([max(r["aligned_sync_seconds"] for r in res) for res in two])
+        step2 = median([max(r["step_seconds"] for r in res) for res in two])
+        last = min(last, a)  # two medians; the last bucket is part of the whole
+        no_ovl, ovl = c + a, max(c + last, a)
+        measured = median(independent[model]) if model in independent else float("nan")
+        r0 = two[0][0]
+        print(f"  {model:7s} {r0['grad_bytes'] / 2**20:5.2f} {r0['buckets']:4d} {c * 1e3:6.2f}ms {a * 1e3:5.2f}ms "
+              f"{last * 1e3:4.2f}ms {a_cpu * 1e3:5.2f}ms {no_ovl * 1e3:13.2f}ms {ovl * 1e3:4.2f}ms "
+              f"{step2 * 1e3:6.2f}ms                 {c / no_ovl:6.3f} {c / ovl:5.3f} {measured:8.3f}"
+              f"              {a / raw:5.2f} {sync / raw:8.2f}")
+        summary[f"limit_scaling_2proc_no_overlap_{model}"] = c / no_ovl
+        summary[f"limit_scaling_2proc_overlap_{model}"] = c / ovl
+        summary[f"limit_sync_over_raw_allreduce_{model}"] = a / raw
+
+
+def limit_only(args, runner, models):
+    """--limit-only: the runs limit_report needs, and nothing else."""
+    recs, independent, summary = {}, {}, {}
+    t2 = max(1, runner.cores // 2)
+    for rep in range(args.reps):
+        for model in models:
+            steps, warm = max(2, int(STEPS[model] * args.steps_scale)), WARMUP[model]
+            two = runner.run("ddp", model, 2, warm, steps, t2, ["--raw-allreduce"])
+            recs.setdefault(("ddp", model, 2, t2), []).append(two)
+            ind = runner.fulgur_independent(model, warm, steps)
+            independent.setdefault(model, []).append(two[0]["samples_per_s"] / sum(ind))
+            print(f"  rep {rep + 1} {model:7s} done", flush=True)
+    limit_report(models, recs, independent, runner.independent_steps, summary, runner.cores)
+    print("== summary")
+    for model in models:
+        if model in independent:
+            summary[f"scaling_vs_independent_2proc_{model}"] = median(independent[model])
+    for k, v in summary.items():
+        print(f"{k} {v:.3f}")
+    return 0
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -549,6 +626,8 @@ def main():
     if args.fault_only:
         fault_table(runner)
         return 0
+    if args.limit_only:
+        return limit_only(args, runner, models)
     eq_steps = 3 if args.tiny else args.equality_steps
     t_phase = time.time()
     if not equality(runner, models, procs, eq_steps, args.rtol, pairs):
@@ -744,6 +823,8 @@ def main():
             print(f"  {model:7s} {r:.3f}  (per rep: {' '.join(f'{x:.2f}' for x in xs)})  "
                   f"{'met' if r >= 0.95 else 'NOT MET'}")
             summary[f"scaling_vs_independent_2proc_{model}"] = r
+    if 1 in procs and 2 in procs:
+        limit_report(models, recs, independent, runner.independent_steps, summary, runner.cores)
     backends = sorted({r.get("xla_backend", "?") for (s_, m, n, t), v in recs.items() if s_ == "xla"
                        for res in v for r in res})
     if backends:

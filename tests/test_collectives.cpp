@@ -384,3 +384,39 @@ TEST(StepReducer, GradientsBecomeTheMeanOverRanksAndMissingOnesCountAsZero) {
     require(unused.grad().defined() && torch::allclose(unused.grad(), torch::zeros({2})), "unused.grad = 0");
   }));
 }
+
+// Issue 35, item 4: DDP's bf16_compress_hook in both reducers on 2 ranks. Rank r's gradient
+// is g_r (a seeded draw every rank can redo); the wire carries bf16(g_r), Gloo sums in
+// bfloat16, and the mean is taken in float32, so every gradient is
+// bf16(bf16(g_0) + bf16(g_1)) / 2: within bfloat16's rounding of the exact mean, not within
+// float32's, and the same bits on both ranks.
+TEST(CommHook, Bf16CompressAveragesTheBfloat16SumAndRanksAgreeBitForBit) {
+  expect_all_ok(run_ranks(2, [](Collectives& c) {
+    auto draw = [](int64_t seed) { return torch::randn({1000}, torch::Generator(at::detail::createCPUGenerator(seed))); };
+    const at::Tensor g0 = draw(100), g1 = draw(101);
+    auto round = [](const at::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kFloat); };
+    const at::Tensor expected = round(round(g0) + round(g1)) / 2;
+    const at::Tensor exact = (g0 + g1) / 2;
+    const auto group = std::shared_ptr<Collectives>(&c, [](Collectives*) {});
+    fulgur::detail::BucketOptions bucket_options;
+    bucket_options.comm_hook = DDPCommHook::kBf16Compress;
+    bucket_options.first_bucket_bytes = 1024;  // two buckets: 256 floats of `b`, then `a`
+    for (const std::string which : {"bucket", "step"}) {
+      auto a = torch::zeros({600}, torch::requires_grad());
+      auto b = torch::zeros({400}, torch::requires_grad());
+      auto reducer = which == "bucket" ? fulgur::detail::make_bucket_reducer({a, b}, group, bucket_options)
+                                       : fulgur::detail::make_step_reducer({a, b}, group, 2048, DDPCommHook::kBf16Compress);
+      const at::Tensor g = c.rank() == 0 ? g0 : g1;
+      ((a * g.narrow(0, 0, 600)).sum() + (b * g.narrow(0, 600, 400)).sum()).backward();
+      reducer->finalize();
+      const at::Tensor got = torch::cat({a.grad(), b.grad()});
+      require(torch::equal(got, expected), which + ": gradients are the mean of the bfloat16 sum");
+      // Three roundings of at most 2^-9 each, relative to |g_0| + |g_1| (the sum may cancel).
+      require(((got - exact).abs() <= (g0.abs() + g1.abs()) / 256).all().item<bool>(),
+              which + ": within bfloat16's precision of the exact mean");
+      require(!torch::allclose(got, exact, 1e-5, 1e-7), which + ": not the float32 mean (the hook acted)");
+      const at::Tensor all = c.all_gather(got);
+      require(torch::equal(all[0], all[1]), which + ": both ranks hold the same bits");
+    }
+  }));
+}

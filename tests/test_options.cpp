@@ -55,6 +55,19 @@ TEST(Options, UnknownNamesListTheValidChoices) {
   expect_invalid([] { Trainer t(TrainerOptions().precision("16-true")); }, {"'16-true'", "bf16-true"});
 }
 
+// Issue 35, item 4: a comm hook is parsed by its Python name, refused for one-process
+// strategies (nothing to reduce), and reaches the strategy's ParallelOptions.
+TEST(Options, DdpCommHookIsParsedRefusedOnOneProcessAndPassedOn) {
+  EXPECT_EQ(parse_ddp_comm_hook("bf16_compress_hook"), DDPCommHook::kBf16Compress);
+  EXPECT_EQ(parse_ddp_comm_hook("none"), DDPCommHook::kNone);
+  expect_invalid([] { parse_ddp_comm_hook("fp16_compress_hook"); }, {"'fp16_compress_hook'", "\"bf16_compress_hook\""});
+  const auto bf16 = StrategyRequest().accelerator("cpu").ddp_comm_hook(DDPCommHook::kBf16Compress);
+  expect_invalid([&] { make_strategy(StrategyRequest(bf16).strategy("single_device")); }, {"'single_device'", "ddp_comm_hook"});
+  auto ddp = std::dynamic_pointer_cast<DDPStrategy>(make_strategy(StrategyRequest(bf16).strategy("ddp").devices("2")));
+  ASSERT_TRUE(ddp);
+  EXPECT_EQ(ddp->parallel_options().ddp_comm_hook(), DDPCommHook::kBf16Compress);
+}
+
 TEST(Options, BadDevices) {
   XLAAccelerator xla;
   CPUAccelerator cpu;

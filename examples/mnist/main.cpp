@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   app.option_defaults()->always_capture_default();  // --help shows each default
   std::string model_name = "cnn", accelerator = "auto", devices = "1", strategy = "auto", precision = "32-true";
   std::string root = "runs/mnist", ckpt_path, data_dir = "data/mnist", start_method = "fork", save_weights;
+  std::string comm_hook = "none";
   int64_t max_epochs = 1, max_steps = -1, batch_size = 64, train_limit = 0, num_nodes = 1, timeout_s = 1800;
   int64_t max_restarts = 0, save_every = 0;
   double limit_train = 1.0, lr = 1e-3;
@@ -47,6 +48,9 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices, "auto, a count, or indices like 0,1");
   app.add_option("--strategy", strategy, "auto, single_device, ddp, xla, xla_debug");
   app.add_option("--precision", precision, "32-true, bf16-true, bf16-mixed (cpu, cuda) or 16-mixed (cuda)");
+  app.add_option("--ddp-comm-hook", comm_hook,
+                 "none, or bf16_compress_hook: gradients all-reduced in bfloat16 (half the bytes) and averaged in "
+                 "float32 (strategies ddp and xla on several devices)");
   if (const char* nodes = std::getenv("NUM_NODES"); nodes && *nodes) num_nodes = std::atoll(nodes);
   app.add_option("--num-nodes", num_nodes, "machines in the job (default: $NUM_NODES, else 1)");
   app.add_option("--max-epochs", max_epochs, "epochs to train (-1: no limit)");
@@ -89,6 +93,19 @@ int main(int argc, char** argv) {
     opts.accelerator(accelerator).devices(devices).strategy(strategy).precision(precision).num_nodes(num_nodes);
     opts.max_epochs(max_epochs).max_steps(max_steps).default_root_dir(root).seed(seed).start_method(start_method);
     opts.log_every_n_steps(20).collective_timeout_ms(timeout_s * 1000).max_restarts(max_restarts);
+    if (const auto hook = fulgur::parse_ddp_comm_hook(comm_hook); hook != fulgur::DDPCommHook::kNone) {
+      // A comm hook lives on the strategy object, which then carries every option above.
+      opts.strategy(fulgur::make_strategy(fulgur::StrategyRequest()
+                                              .strategy(strategy)
+                                              .accelerator(accelerator)
+                                              .devices(devices)
+                                              .precision(precision)
+                                              .num_nodes(num_nodes)
+                                              .start_method(start_method)
+                                              .max_restarts(max_restarts)
+                                              .collective_timeout(std::chrono::seconds(timeout_s))
+                                              .ddp_comm_hook(hook)));
+    }
     std::vector<std::shared_ptr<fulgur::Callback>> callbacks;
     if (!save_weights.empty()) callbacks.push_back(std::make_shared<SaveWeights>(save_weights));
     // A restart resumes from last.ckpt, so it is written whenever a checkpoint is.

@@ -39,6 +39,7 @@
 #include <fulgur/plugins/precision/xla.h>
 #include <fulgur/serialization_error.h>
 #include <fulgur/strategies/ddp.h>
+#include <fulgur/strategies/ddp_comm_hook.h>
 #include <fulgur/strategies/parallel.h>
 #include <fulgur/strategies/registry.h>
 #include <fulgur/strategies/single_device.h>

@@ -402,7 +402,11 @@ class GlooCollectives : public Collectives {
   void connect() {
     auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("fulgur/pg", store_);
     auto go = ::c10d::ProcessGroupGloo::Options::create(opts_.timeout());
-    go->threads = 1;
+    // PyTorch's default (ProcessGroupGloo.Options: 2). With one worker thread a
+    // call on a machine whose cores were all busy waited several times longer for
+    // the same bytes (bench/RESULTS.md, the "Gloo threads" rows); concurrent
+    // calls stay correct, as each has its own tag.
+    go->threads = 2;
     go->devices = gloo_devices();
     try {
       pg_ = c10::make_intrusive<::c10d::ProcessGroupGloo>(prefixed, static_cast<int>(opts_.rank()),

@@ -48,6 +48,30 @@ std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t 
   return buckets;
 }
 
+void apply_comm_hook(std::vector<Bucket>& buckets, DDPCommHook hook) {
+  if (hook == DDPCommHook::kNone) return;
+  for (auto& b : buckets) {
+    const auto dtype = b.flat.scalar_type();
+    if (dtype == at::kFloat || dtype == at::kDouble) b.wire = torch::empty(b.flat.sizes(), b.flat.options().dtype(at::kBFloat16));
+  }
+}
+
+void start_all_reduce(Bucket& b, Collectives& collectives) {
+  if (b.wire.defined()) {
+    b.wire.copy_(b.flat);  // rounds to nearest even
+    b.pending = collectives.all_reduce_async(b.wire, ReduceOp::kSum);
+  } else {
+    b.pending = collectives.all_reduce_async(b.flat, ReduceOp::kSum);
+  }
+}
+
+void finish_all_reduce(Bucket& b) {
+  b.pending->wait();
+  b.pending.reset();
+  // Widened exactly; the caller's division by the world size then runs in flat's dtype.
+  if (b.wire.defined()) b.flat.copy_(b.wire);
+}
+
 namespace {
 
 // dst[0, n) = src (flattened). A plain loop for contiguous float CPU
@@ -84,6 +108,7 @@ class BucketReducer : public GradientSync {
   BucketReducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> c, BucketOptions o)
       : params_(std::move(params)), collectives_(std::move(c)) {
     buckets_ = make_buckets(params_, o.first_bucket_bytes, o.bucket_bytes);
+    apply_comm_hook(buckets_, o.comm_hook);
     where_.resize(params_.size());
     for (size_t b = 0; b < buckets_.size(); ++b)
       for (size_t j = 0; j < buckets_[b].params.size(); ++j) where_[buckets_[b].params[j]] = {b, j};
@@ -103,10 +128,7 @@ class BucketReducer : public GradientSync {
       // Several backwards since the last sync (manual optimization): what the buckets
       // hold is the first one's. Their reductions are waited for and dropped, and
       // every bucket is filled again from p.grad, which holds every backward's.
-      for (size_t b = 0; b < next_; ++b) {
-        buckets_[b].pending->wait();
-        buckets_[b].pending.reset();
-      }
+      for (size_t b = 0; b < next_; ++b) finish_all_reduce(buckets_[b]);
       for (auto& b : buckets_) b.ready = 0;
       next_ = 0;
       seen_.assign(params_.size(), false);
@@ -120,8 +142,7 @@ class BucketReducer : public GradientSync {
     const double inv = 1.0 / static_cast<double>(collectives_->world_size());
     torch::NoGradGuard no_grad;
     for (auto& b : buckets_) {
-      b.pending->wait();
-      b.pending.reset();
+      finish_all_reduce(b);
       // The division by the world size and the copy back in one pass.
       for (size_t j = 0; j < b.params.size(); ++j) {
         auto& p = params_[b.params[j]];
@@ -168,7 +189,7 @@ class BucketReducer : public GradientSync {
   // rank issues them in the same order.
   void launch_ready() {
     while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].params.size()) {
-      buckets_[next_].pending = collectives_->all_reduce_async(buckets_[next_].flat, ReduceOp::kSum);
+      start_all_reduce(buckets_[next_], *collectives_);
       ++next_;
     }
   }

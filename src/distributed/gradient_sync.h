@@ -10,6 +10,7 @@
 //    reduced together (torch_xla's reduce_gradients).
 
 #include <fulgur/distributed/collectives.h>
+#include <fulgur/strategies/ddp_comm_hook.h>
 
 #include <torch/nn/module.h>
 
@@ -39,6 +40,7 @@ class GradientSync {
 struct BucketOptions {
   int64_t first_bucket_bytes = 1 << 20;
   int64_t bucket_bytes = 25 << 20;
+  DDPCommHook comm_hook = DDPCommHook::kNone;
 };
 
 // Adds the lifetime of this object to `total` (seconds).
@@ -61,11 +63,22 @@ struct Bucket {
   std::vector<int64_t> offsets;  // element offset of each parameter in `flat`
   size_t ready = 0;
   std::unique_ptr<PendingReduce> pending;
+  // What is all-reduced instead of `flat` under a compressing comm hook (a
+  // bfloat16 buffer of flat's size); undefined: `flat` itself.
+  at::Tensor wire;
 };
 
 // Buckets of one dtype each, filled in reverse parameter order (the order in which backward
 // produces gradients), the first one at most `first_bytes` so communication starts early.
 std::vector<Bucket> make_buckets(const std::vector<at::Tensor>& params, int64_t first_bytes, int64_t bytes);
+
+// Under kBf16Compress: gives every float32 and float64 bucket its bfloat16 wire buffer.
+void apply_comm_hook(std::vector<Bucket>& buckets, DDPCommHook hook);
+// Starts the sum over ranks of b.flat (through b.wire when it has one): the
+// same calls on every rank, in the same bucket order.
+void start_all_reduce(Bucket& b, Collectives& collectives);
+// Waits for start_all_reduce's sum; b.flat then holds it, in flat's dtype.
+void finish_all_reduce(Bucket& b);
 
 // The parameters that need gradients, each once (tied weights appear once).
 std::vector<at::Tensor> unique_trainable_parameters(const torch::nn::Module& module);

@@ -26,7 +26,9 @@ void DDPStrategy::setup(Trainer& trainer) {
 }
 
 std::unique_ptr<detail::GradientSync> DDPStrategy::make_gradient_sync() {
-  return detail::make_bucket_reducer(detail::unique_trainable_parameters(*model_), collectives_);
+  detail::BucketOptions buckets;
+  buckets.comm_hook = options_.ddp_comm_hook();
+  return detail::make_bucket_reducer(detail::unique_trainable_parameters(*model_), collectives_, buckets);
 }
 
 void DDPStrategy::sync_gradients() {

@@ -12,6 +12,12 @@
 
 namespace fulgur {
 
+DDPCommHook parse_ddp_comm_hook(const std::string& name) {
+  if (name == "none") return DDPCommHook::kNone;
+  if (name == "bf16_compress_hook" || name == "bf16") return DDPCommHook::kBf16Compress;
+  throw std::invalid_argument("ddp_comm_hook '" + name + "' is not known; valid: \"none\", \"bf16_compress_hook\" (or \"bf16\")");
+}
+
 std::vector<std::string> strategy_names() { return {"auto", "single_device", "single_xla", "ddp", "xla", "xla_debug"}; }
 
 std::shared_ptr<Strategy> make_strategy(const StrategyRequest& req) {
@@ -65,6 +71,11 @@ std::shared_ptr<Strategy> make_strategy(const StrategyRequest& req) {
                                 name + "' runs in this process and starts none; use strategy \"ddp\" (or \"xla\") with devices 1 "
                                 "for restarts of one worker, or max_restarts 0");
   }
+  if ((name == "single_device" || name == "single_xla") && req.ddp_comm_hook() != DDPCommHook::kNone) {
+    throw std::invalid_argument("a ddp_comm_hook encodes the gradient all-reduce between processes, but strategy '" + name +
+                                "' runs one process and reduces nothing; use strategy \"ddp\" or \"xla\" on several "
+                                "devices, or ddp_comm_hook none");
+  }
   if (name == "single_device") {
     if (accelerator->name() == "xla") return std::make_shared<SingleDeviceXLAStrategy>(nullptr, std::make_shared<XLAPrecision>(precision));
     return std::make_shared<SingleDeviceStrategy>(accelerator->device(devices.front()), accelerator, nullptr,
@@ -77,7 +88,8 @@ std::shared_ptr<Strategy> make_strategy(const StrategyRequest& req) {
                       .start_method(req.start_method())
                       .max_restarts(req.max_restarts())
                       .use_distributed_sampler(req.use_distributed_sampler())
-                      .debug(name == "xla_debug");
+                      .debug(name == "xla_debug")
+                      .ddp_comm_hook(req.ddp_comm_hook());
   if (name == "ddp") {
     if (accelerator->name() != "cpu" && accelerator->name() != "cuda") {
       throw std::invalid_argument("strategy 'ddp' runs on cpu and cuda devices; for xla devices use strategy \"xla\"");

@@ -27,7 +27,8 @@ void XLAStrategy::on_train_end() { xla::mark_step(); }
 
 std::unique_ptr<detail::GradientSync> XLAStrategy::make_gradient_sync() {
   // sync_gradients marks the step (materializing the gradients) before the reduction.
-  return detail::make_step_reducer(detail::unique_trainable_parameters(*model_), collectives_);
+  return detail::make_step_reducer(detail::unique_trainable_parameters(*model_), collectives_, 64 << 20,
+                                   options_.ddp_comm_hook());
 }
 
 void XLAStrategy::sync_gradients() {

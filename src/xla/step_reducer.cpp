@@ -10,9 +10,10 @@ namespace {
 
 class StepReducer : public GradientSync {
  public:
-  StepReducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> c, int64_t max_bytes)
+  StepReducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> c, int64_t max_bytes, DDPCommHook hook)
       : params_(std::move(params)), collectives_(std::move(c)) {
     buckets_ = make_buckets(params_, max_bytes, max_bytes);
+    apply_comm_hook(buckets_, hook);
   }
 
   void finalize() override {
@@ -32,12 +33,11 @@ class StepReducer : public GradientSync {
           slice.copy_(p.grad().to(torch::kCPU).reshape({-1}));
         }
       }
-      b.pending = collectives_->all_reduce_async(b.flat, ReduceOp::kSum);
+      start_all_reduce(b, *collectives_);
     }
     const double inv = 1.0 / static_cast<double>(collectives_->world_size());
     for (auto& b : buckets_) {
-      b.pending->wait();
-      b.pending.reset();
+      finish_all_reduce(b);
       b.flat.mul_(inv);
       for (size_t j = 0; j < b.params.size(); ++j) {
         at::Tensor& p = params_[b.params[j]];
@@ -67,8 +67,8 @@ class StepReducer : public GradientSync {
 }  // namespace
 
 std::unique_ptr<GradientSync> make_step_reducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> c,
-                                                int64_t max_bytes) {
-  return std::make_unique<StepReducer>(std::move(params), std::move(c), max_bytes);
+                                                int64_t max_bytes, DDPCommHook hook) {
+  return std::make_unique<StepReducer>(std::move(params), std::move(c), max_bytes, hook);
 }
 
 }  // namespace fulgur::detail

@@ -12,6 +12,7 @@
 namespace fulgur::detail {
 
 std::unique_ptr<GradientSync> make_step_reducer(std::vector<at::Tensor> params, std::shared_ptr<Collectives> collectives,
-                                                int64_t max_buffer_bytes = 64 << 20);
+                                                int64_t max_buffer_bytes = 64 << 20,
+                                                DDPCommHook comm_hook = DDPCommHook::kNone);
 
 }  // namespace fulgur::detail

@@ -7,6 +7,7 @@
 
 #include <fulgur/distributed/collectives.h>
 #include <fulgur/plugins/environments/cluster_environment.h>
+#include <fulgur/strategies/ddp_comm_hook.h>
 #include <fulgur/strategies/strategy.h>
 
 #include <torch/arg.h>
@@ -50,6 +51,11 @@ struct ParallelOptions {
   // workers too: one that does not create its processes itself must answer
   // there from the names fulgur's launcher sets (LightningEnvironment's).
   TORCH_ARG(std::shared_ptr<ClusterEnvironment>, cluster_environment) = nullptr;
+  // The gradient all-reduce's encoding (Lightning's DDPStrategy(ddp_comm_hook=...)),
+  // for DDPStrategy's buckets during backward and XLAStrategy's buffers at the
+  // step alike. Default kNone: exact float32 sums. kBf16Compress halves the
+  // bytes sent for a loss of gradient precision (see DDPCommHook).
+  TORCH_ARG(DDPCommHook, ddp_comm_hook) = DDPCommHook::kNone;
 };
 
 class ParallelStrategy : public Strategy {

@@ -2,6 +2,7 @@
 #pragma once
 // Strategy names -> strategy objects, resolved once from the Trainer's options.
 
+#include <fulgur/strategies/ddp_comm_hook.h>
 #include <fulgur/strategies/strategy.h>
 
 #include <torch/arg.h>
@@ -29,6 +30,10 @@ struct StrategyRequest {
   TORCH_ARG(int64_t, max_restarts) = 0;
   TORCH_ARG(std::chrono::milliseconds, collective_timeout) = std::chrono::minutes(30);
   TORCH_ARG(bool, use_distributed_sampler) = true;
+  // ParallelOptions::ddp_comm_hook. Anything but kNone is refused with
+  // "single_device" and "single_xla" (and "auto" on one device), which reduce
+  // nothing; "ddp" or "xla" on one device take it and have nothing to reduce.
+  TORCH_ARG(DDPCommHook, ddp_comm_hook) = DDPCommHook::kNone;
 };
 
 // The names make_strategy accepts.
