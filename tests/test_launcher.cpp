@@ -150,6 +150,6 @@ TEST(Diagnose, WaitStatusesAndSignalNamesAreDecoded) {
   EXPECT_EQ(sig.signal, SIGKILL);
   EXPECT_FALSE(sig.ok());
   EXPECT_TRUE(WorkerExit::from_wait_status(0, W_EXITCODE(0, 0), 2).ok());
-  EXPECT_EQ(fulgur::detail::signal_name(SIGSEGV), "SIGSEGV");
-  EXPECT_EQ(fulgur::detail::signal_name(SIGUSR1), "signal " + std::to_string(SIGUSR1));
+  EXPECT_EQ(fulgur::runtime::signal_name(SIGSEGV), "SIGSEGV");
+  EXPECT_EQ(fulgur::runtime::signal_name(SIGUSR1), "signal " + std::to_string(SIGUSR1));
 }

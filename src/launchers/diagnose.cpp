@@ -43,7 +43,7 @@ std::vector<Failure> ranked_failures(const std::vector<WorkerExit>& exits, const
 
 // A stop signal was forwarded: the job was interrupted, whatever failed.
 FailureReport interrupted_report(const Failure& first, const SupervisionLog& log, const JobView& job) {
-  std::string what = "job interrupted by " + signal_name(log.forwarded_signal) + "; rank " +
+  std::string what = "job interrupted by " + runtime::signal_name(log.forwarded_signal) + "; rank " +
                      std::to_string(first.rank) + " " + first.how;
   if (log.killed_after_signal) {
     what += log.hurried ? "; a second signal killed the workers still running"
@@ -67,24 +67,8 @@ WorkerExit WorkerExit::from_wait_status(int64_t rank, int status, double time) {
   return e;
 }
 
-std::string signal_name(int sig) {
-  switch (sig) {
-    case SIGKILL: return "SIGKILL";
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGILL: return "SIGILL";
-    case SIGHUP: return "SIGHUP";
-    case SIGPIPE: return "SIGPIPE";
-  }
-  return "signal " + std::to_string(sig);
-}
-
 std::string how_it_ended(const WorkerExit& exit, const ErrorRecord& record) {
-  std::string how = exit.signal != 0 ? "was killed by " + signal_name(exit.signal)
+  std::string how = exit.signal != 0 ? "was killed by " + runtime::signal_name(exit.signal)
                                      : "exited with code " + std::to_string(exit.exit_code);
   if (record.present) how += ": " + record.message;
   return how;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "launchers/failure_store.h"
+#include "runtime/signals.h"
 
 namespace fulgur::detail {
 
@@ -70,9 +71,6 @@ struct FailureReport {
   // A stop signal was forwarded to the workers: the job is not restarted.
   bool interrupted = false;
 };
-
-// "SIGKILL", "SIGTERM", ..., or "signal <n>" for one without a name here.
-std::string signal_name(int sig);
 
 // How a worker ended, as the reports say it: "was killed by SIGKILL" or "exited with code 3",
 // followed by ": <message>" when it left a record.

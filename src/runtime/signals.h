@@ -5,6 +5,7 @@
 // ranks. Handlers are restored when the outermost guard goes out of scope.
 
 #include <csignal>
+#include <string>
 
 namespace fulgur::runtime {
 
@@ -26,6 +27,9 @@ class StopSignalGuard {
 
 // The first signal received since the guard was installed, or 0.
 int received_stop_signal();
+
+// "SIGKILL", "SIGTERM", ..., or "signal <n>" for one without a name here.
+std::string signal_name(int sig);
 // How many stop signals arrived since the guard was installed.
 int stop_signal_count();
 // Clears the recorded signal and the count.

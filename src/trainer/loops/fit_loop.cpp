@@ -21,15 +21,6 @@
 #include <stdexcept>
 
 namespace fulgur::detail {
-namespace {
-
-std::string signal_name(int sig) {
-  if (sig == SIGTERM) return "SIGTERM";
-  if (sig == SIGINT) return "SIGINT";
-  return "signal " + std::to_string(sig);
-}
-
-}  // namespace
 
 bool FitLoop::stop_agreed(bool last) { return t_.evaluation_loop.stopped() || poll_stop_signal(poll_, last); }
 
@@ -137,7 +128,7 @@ void FitLoop::on_interrupt() {
   runtime::log_rank_zero(runtime::LogLevel::kWarning, "stopping at step " + std::to_string(step) + " on " + signal + "; " + saved);
   if (t_.strategy->is_global_zero())
     for (auto& l : t_.loggers) l->finalize("interrupted");
-  t_.logging.report_fit_end(signal + " (" + signal_name(sig) + "); " + report);
+  t_.logging.report_fit_end(signal + " (" + runtime::signal_name(sig) + "); " + report);
   throw WorkerFailure("interrupted by " + signal + " at step " + std::to_string(step) + "; " + saved,
                       static_cast<int>(t_.strategy->global_rank()), 128 + sig);
 }
